@@ -1,0 +1,95 @@
+"""The database's clock, as seen from this process.
+
+Every comparison that decides *who may send* (lease expiry, dueness of a
+slot) uses the database's clock, never the pod's: pods disagree on the time,
+the database is the one place they share. Each round trip returns the
+database's ``now``; this module keeps the offset between that and the local
+wall clock, so the scheduler can ask "what time is it on the database?"
+between round trips without asking the database.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+US = 1_000_000
+
+
+def us_to_datetime(value_us: int) -> datetime:
+    """An aware UTC datetime for a count of microseconds since the Unix epoch."""
+    return datetime.fromtimestamp(value_us / US, tz=timezone.utc)
+
+
+def datetime_to_us(value: datetime) -> int:
+    """Microseconds since the Unix epoch for an aware datetime."""
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: pass an aware datetime")
+    delta = value - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
+
+
+class DatabaseClock:
+    """Estimates the database's current time from observed round trips.
+
+    The estimate is ``local wall clock + offset``; the offset is taken from the
+    round trip with the smallest latency among the recent ones (the midpoint of
+    a short round trip bounds the error by half its latency). Observations are
+    thread-safe because the SingletonTask heartbeat and the scheduler may share
+    one store.
+    """
+
+    #: forget the best sample after this many seconds: clocks drift and NTP steps.
+    max_sample_age_s = 60.0
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._offset_us: int | None = None
+        self._best_latency_us = 0
+        self._best_at = 0.0
+
+    @property
+    def synchronised(self) -> bool:
+        """True once at least one round trip told us the database's time."""
+        return self._offset_us is not None
+
+    @property
+    def offset_us(self) -> int:
+        """Database time minus local wall time, in microseconds (0 before any sample)."""
+        return self._offset_us or 0
+
+    def local_us(self) -> int:
+        """The local wall clock in microseconds since the epoch."""
+        return int(self._wall() * US)
+
+    def observe(self, db_now_us: int, sent_local_us: int, received_local_us: int) -> None:
+        """Record that the database said ``db_now_us`` during a round trip.
+
+        ``sent_local_us``/``received_local_us`` are the local wall clock just
+        before sending and just after receiving the answer.
+        """
+        latency = max(0, received_local_us - sent_local_us)
+        offset = db_now_us - (sent_local_us + received_local_us) // 2
+        now = self._monotonic()
+        with self._lock:
+            stale = now - self._best_at > self.max_sample_age_s
+            if self._offset_us is None or stale or latency <= self._best_latency_us * 2:
+                self._offset_us = offset
+                self._best_latency_us = latency
+                self._best_at = now
+
+    def now_us(self) -> int:
+        """The estimated database time, microseconds since the epoch."""
+        return self.local_us() + self.offset_us
+
+    def now(self) -> datetime:
+        """The estimated database time as an aware UTC datetime."""
+        return us_to_datetime(self.now_us())

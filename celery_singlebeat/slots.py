@@ -1,0 +1,227 @@
+"""Slots: the shared instants at which a ``beat_schedule`` entry runs.
+
+A *slot* is one run of one entry: ``(entry name, scheduled instant)``. Every
+replica must compute the same instants from the schedule and shared state
+alone, because the database decides the winner of a slot by its key:
+
+* ``crontab``: its wall-clock instants in the crontab's time zone (:mod:`.cron`).
+* intervals (``timedelta``, ``celery.schedules.schedule``): ``anchor + k * period``
+  for k >= 1, where the anchor is stored once in the database when the entry is
+  first seen, so restarts and failovers never reset the countdown.
+* anything else (``solar``, custom schedules): the schedule's own
+  ``remaining_estimate`` evaluated *as of* the previous slot, rounded to the
+  second, which is deterministic for schedules that only depend on that instant.
+
+Instants are integers: microseconds since the Unix epoch, UTC (``*_us`` names).
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta, tzinfo
+from typing import Protocol
+
+from celery.schedules import crontab
+from celery.schedules import schedule as interval_schedule
+
+from .clock import US, datetime_to_us, us_to_datetime
+from .cron import CronFields
+from .exceptions import ScheduleError
+
+#: Namespace of the deterministic task ids (uuid5 of entry name and slot instant).
+TASK_ID_NAMESPACE = uuid.UUID("0b6c8a52-5f0e-4c1c-9a57-6b3c0c4f2d11")
+
+#: Message header carrying the slot, so workers can drop a repeat.
+SLOT_HEADER = "singlebeat_slot"
+
+
+def slot_task_id(entry: str, slot_us: int) -> str:
+    """The task id every publish of this slot uses, on every replica."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{entry}\x00{slot_us}"))
+
+
+def slot_header(entry: str, slot_us: int) -> dict[str, object]:
+    """The header value identifying a slot in a task message."""
+    return {"entry": entry, "at": us_to_datetime(slot_us).isoformat(), "at_us": slot_us}
+
+
+class SlotSequence(Protocol):
+    """The ordered instants of one entry's slots."""
+
+    def next_after(self, instant_us: int) -> int | None:
+        """The first slot strictly after ``instant_us`` (None: never again)."""
+
+    def latest_at_or_before(self, instant_us: int) -> int | None:
+        """The last slot at or before ``instant_us`` (None: none, or unknown)."""
+
+
+@dataclass(frozen=True)
+class IntervalSequence:
+    """Slots ``anchor + k * period`` for k >= 1."""
+
+    anchor_us: int
+    period_us: int
+
+    def next_after(self, instant_us: int) -> int:
+        if instant_us < self.anchor_us:
+            return self.anchor_us + self.period_us
+        k = (instant_us - self.anchor_us) // self.period_us + 1
+        return self.anchor_us + k * self.period_us
+
+    def latest_at_or_before(self, instant_us: int) -> int | None:
+        k = (instant_us - self.anchor_us) // self.period_us
+        return self.anchor_us + k * self.period_us if k >= 1 else None
+
+
+@dataclass(frozen=True)
+class CronSequence:
+    """Slots of a crontab (see :mod:`.cron` for the daylight-saving rules)."""
+
+    fields: CronFields
+
+    def next_after(self, instant_us: int) -> int | None:
+        return self.fields.next_after(instant_us)
+
+    def latest_at_or_before(self, instant_us: int) -> int | None:
+        return self.fields.latest_at_or_before(instant_us)
+
+
+class EstimateSequence:
+    """Slots of any other schedule, from ``remaining_estimate`` as of an instant."""
+
+    def __init__(self, schedule: object) -> None:
+        self.schedule = schedule
+
+    def next_after(self, instant_us: int) -> int | None:
+        at = us_to_datetime(instant_us)
+        pinned = copy.copy(self.schedule)
+        pinned.nowfun = lambda: at  # type: ignore[attr-defined]
+        try:
+            delta = pinned.remaining_estimate(at)  # type: ignore[attr-defined]
+        except Exception as exc:  # user schedules may raise anything
+            raise ScheduleError(f"{self.schedule!r}.remaining_estimate failed: {exc}") from exc
+        # Whole seconds, so that replicas starting from different instants agree.
+        step = max(US, (datetime_to_us(at + delta) - instant_us + US - 1) // US * US)
+        return (instant_us // US) * US + step if instant_us % US == 0 else instant_us + step
+
+    def latest_at_or_before(self, instant_us: int) -> int | None:
+        return None
+
+
+def period_of(schedule: object) -> timedelta | None:
+    """The period of an interval schedule, or None for other kinds."""
+    if isinstance(schedule, timedelta):
+        return schedule
+    if type(schedule) is interval_schedule:
+        run_every = schedule.run_every
+        return run_every if isinstance(run_every, timedelta) else timedelta(seconds=run_every)
+    return None
+
+
+def sequence_for(schedule: object, anchor_us: int, tz: tzinfo) -> SlotSequence:
+    """The slot sequence of a schedule; ``anchor_us`` is used by intervals only."""
+    period = period_of(schedule)
+    if period is not None:
+        period_us = int(period / timedelta(microseconds=1))
+        if period_us < US // 1000:
+            raise ScheduleError(f"interval {period!r} is shorter than 1 ms")
+        return IntervalSequence(anchor_us, period_us)
+    if isinstance(schedule, crontab):
+        return CronSequence(CronFields.from_crontab(schedule, tz))
+    if hasattr(schedule, "remaining_estimate"):
+        return EstimateSequence(schedule)
+    raise ScheduleError(f"unsupported schedule type {type(schedule).__name__}")
+
+
+@dataclass(frozen=True)
+class MissedPolicy:
+    """What to do with slots that are due but later than ``grace``.
+
+    ``mode`` is ``"coalesce"`` (send the latest missed slot once, unless an
+    on-time slot follows it), ``"skip"`` (send none of them) or ``"all"``
+    (send each, at most ``max_missed`` of the most recent).
+    """
+
+    mode: str
+    grace_us: int
+    max_missed: int
+
+
+MISSED_MODES = ("coalesce", "skip", "all")
+
+
+@dataclass
+class Plan:
+    """The result of :func:`plan_due`: what to propose now and what was skipped."""
+
+    propose: list[int]
+    skipped: int
+    skipped_first_us: int | None
+    skipped_last_us: int | None
+    next_us: int | None
+
+
+def plan_due(
+    sequence: SlotSequence, next_us: int | None, now_us: int, policy: MissedPolicy
+) -> Plan:
+    """Slots of one entry due at ``now_us``, starting at slot ``next_us``.
+
+    A slot is *on time* while ``now - slot <= grace`` and *missed* after that.
+    Returns the slots to propose (ascending), how many missed slots the policy
+    dropped, and the first slot after ``now_us`` (the entry's next due time).
+    """
+    keep = max(policy.max_missed, 1)
+    at = next_us
+    missed_count = 0
+    missed_first: int | None = None
+    missed_tail: list[int] = []
+    on_time: list[int] = []
+    if at is not None and at <= now_us - policy.grace_us:
+        missed_first = at
+        # After a long outage, jump to the last ``keep`` missed slots instead of
+        # walking every one of them; count what the jump passes over.
+        if isinstance(sequence, IntervalSequence):
+            last_missed = now_us - policy.grace_us - 1
+            passed = (last_missed - at) // sequence.period_us + 1 - keep
+            if passed > 0:
+                missed_count += passed
+                at += passed * sequence.period_us
+    walked = 0
+    while at is not None and at <= now_us:
+        if now_us - at > policy.grace_us:
+            walked += 1
+            if walked > _MAX_WALK:
+                # A crontab missed for very long: jump to its latest missed slot.
+                latest = sequence.latest_at_or_before(now_us - policy.grace_us - 1)
+                if latest is not None and latest > at:
+                    missed_count += 1
+                    at = latest
+                    walked = 0
+                    continue
+            missed_count += 1
+            missed_tail.append(at)
+            if len(missed_tail) > keep:
+                missed_tail.pop(0)
+        else:
+            on_time.append(at)
+        at = sequence.next_after(at)
+    propose: list[int]
+    if policy.mode == "all":
+        propose = missed_tail + on_time
+    elif policy.mode == "coalesce" and missed_tail and not on_time:
+        propose = [missed_tail[-1]]
+    else:
+        propose = on_time
+    skipped = missed_count - (len(propose) - len(on_time))
+    return Plan(
+        propose=propose,
+        skipped=skipped,
+        skipped_first_us=missed_first if skipped else None,
+        skipped_last_us=missed_tail[-1] if skipped and missed_tail else None,
+        next_us=at,
+    )
+
+
+_MAX_WALK = 10_000

@@ -1,0 +1,148 @@
+"""The storage boundary: the few atomic operations the scheduler needs.
+
+Every method is one atomic decision taken by the database (a constant number
+of round trips, whatever the number of slots), and every instant is in
+microseconds since the Unix epoch, UTC, **on the database's clock**: stores
+learn that clock from each round trip into :attr:`Store.clock`.
+
+Vocabulary, used by every contract below:
+
+* a **slot row** exists once a slot has been claimed; its key is
+  ``(entry, slot_us)`` and it is unique, so at most one replica holds a slot;
+* a row is **claimed** (``state = 0``) while its owner publishes the task, and
+  **sent** (``state = 1``) once the owner confirmed the publish;
+* a claim's **lease** ends at ``lease_until_us``; a claimed row whose lease has
+  ended is **abandoned** and may be taken over;
+* the **fence** of a row starts at 1 and grows by one each time the row changes
+  hands, so an owner can prove it still holds the claim it won;
+* an entry's **high-water mark** is the latest slot that may have been deleted
+  by :meth:`Store.prune`; a slot at or below it is never won, so a deleted row
+  can never be won a second time, whatever a lagging replica proposes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..clock import DatabaseClock
+
+
+class SlotKey(NamedTuple):
+    """One run of one entry: the entry's name and the slot instant."""
+
+    entry: str
+    slot_us: int
+
+
+class Claim(NamedTuple):
+    """A slot this replica holds; ``fence`` proves which hand-over it won."""
+
+    entry: str
+    slot_us: int
+    fence: int
+
+    @property
+    def key(self) -> SlotKey:
+        return SlotKey(self.entry, self.slot_us)
+
+    @property
+    def taken_over(self) -> bool:
+        """True when another replica held this slot before (it died or stalled)."""
+        return self.fence > 1
+
+
+class EntryState(NamedTuple):
+    """What the database knows about an entry."""
+
+    name: str
+    #: instant the entry was first registered: interval slots count from here.
+    anchor_us: int
+    #: latest slot any replica claimed (None: never run).
+    last_slot_us: int | None
+
+
+class Store(ABC):
+    """Shared state of all replicas. Implementations: SQL (``store.sql``) and
+    in-memory (``celery_singlebeat.testing``); both pass the same contract suite.
+
+    Methods raise :class:`~celery_singlebeat.exceptions.StoreUnavailable` when the
+    database cannot take the decision; they never return a partial answer.
+    """
+
+    #: the database's clock, updated by every successful round trip.
+    clock: DatabaseClock
+
+    @abstractmethod
+    def prepare(self, create: bool) -> None:
+        """Check the schema, creating it first when ``create`` is true.
+
+        Safe to run from many processes at the same instant on an empty
+        database. Raises :class:`~celery_singlebeat.exceptions.SchemaError` when
+        the schema is missing (and ``create`` is false) or newer than supported.
+        """
+
+    @abstractmethod
+    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+        """Make sure every entry has a row and return the state of each.
+
+        A new entry gets ``anchor_us`` = the database's current time; an existing
+        entry keeps its anchor (so restarts never reset interval countdowns).
+        ``last_slot_us`` is the maximum of the high-water mark and every
+        existing slot row of the entry.
+        """
+
+    @abstractmethod
+    def claim(
+        self, owner: str, slots: Sequence[SlotKey], lease_us: int
+    ) -> list[Claim]:
+        """Atomically claim the given slots for ``owner``; return those won.
+
+        A slot is won when either (a) it has no row and it is newer than its
+        entry's high-water mark (a row is inserted: claimed, fence 1); or (b) its row is abandoned (the row passes
+        to ``owner`` and its fence grows). Rows that are sent, or claimed with a
+        live lease, are not touched. Every won row gets
+        ``lease_until_us = now + lease_us``. Duplicates in ``slots`` count once;
+        slots of unregistered entries are never won. Rows are locked in
+        ``(entry, slot_us)`` order so concurrent claims cannot deadlock.
+        """
+
+    @abstractmethod
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        """Mark claims as sent; return those that were still ours.
+
+        Only rows with this ``owner``, the same fence and ``state = 0`` change;
+        a claim missing from the result was taken over (its lease ran out
+        before we confirmed), and the taker publishes it again with the same
+        task id.
+        """
+
+    @abstractmethod
+    def release(self, owner: str, claims: Sequence[Claim]) -> None:
+        """End the lease of claims we could not publish, so any replica takes them
+        over at its next sweep. Rows not owned (owner and fence) are untouched."""
+
+    @abstractmethod
+    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        """Claim up to ``limit`` abandoned rows (oldest slots first) for ``owner``.
+
+        Each row passes to ``owner`` with its fence grown by one and a new lease.
+        Concurrent callers never receive the same row.
+        """
+
+    @abstractmethod
+    def prune(self, retention_us: int, every_us: int) -> int | None:
+        """Delete sent rows older than the retention window; return how many.
+
+        At most one replica prunes per ``every_us`` (returns None when another
+        replica's turn). Before deleting, each entry's high-water mark is raised
+        to the latest row being deleted. Claimed rows are never deleted.
+        """
+
+    @abstractmethod
+    def ping(self) -> int:
+        """One round trip that only reads the database's clock; returns it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. The store may not be used afterwards."""

@@ -1,0 +1,330 @@
+"""The SQL implementation of :class:`~celery_singlebeat.store.base.Store`.
+
+One SQLAlchemy engine in autocommit mode: every operation is a single
+statement (two on MySQL/MariaDB, which lack RETURNING), so a tick costs one
+round trip, not BEGIN + statement + COMMIT. Driver errors are wrapped here,
+once: deadlocks and serialization failures are retried, anything else that
+means "the database did not decide" becomes ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from ..clock import DatabaseClock
+from ..exceptions import SchemaError, StoreUnavailable
+from .base import Claim, EntryState, SlotKey, Store
+from .schema import SCHEMA_VERSION, Tables
+from .statements import Dialect, dialect_for
+
+logger = logging.getLogger("celery_singlebeat.store")
+
+T = TypeVar("T")
+
+# PostgreSQL SQLSTATEs and MySQL error numbers that mean "try the same statement
+# again": the database refused to decide *this time*, nothing was written.
+_PG_RETRY = {"40P01", "40001", "55P03"}
+_MY_RETRY = {1213, 1205}
+
+#: deadlock retries before a statement is reported as failed.
+MAX_ATTEMPTS = 5
+
+
+def _engine_defaults(url: URL) -> dict[str, Any]:
+    """Driver options that keep a lost database from blocking a tick forever."""
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        return {
+            "pool_pre_ping": True,
+            "pool_size": 2,
+            "connect_args": {
+                "connect_timeout": 5,
+                # kernel gives up on unacknowledged data after 10 s (a cut network
+                # otherwise hangs a read for ~15 minutes)
+                "tcp_user_timeout": 10_000,
+                "keepalives": 1,
+                "keepalives_idle": 5,
+                "keepalives_interval": 2,
+                "keepalives_count": 3,
+                # no server-side prepared statements: they break behind PgBouncer
+                # in transaction pooling mode
+                "prepare_threshold": None,
+            },
+        }
+    if backend in ("mysql", "mariadb"):
+        return {
+            "pool_pre_ping": True,
+            "pool_size": 2,
+            "pool_recycle": 3600,
+            "connect_args": {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15},
+        }
+    return {"connect_args": {"timeout": 15}}
+
+
+class SqlStore(Store):
+    """Coordination state in PostgreSQL, MySQL/MariaDB or SQLite."""
+
+    def __init__(
+        self,
+        url: URL,
+        *,
+        table_prefix: str = "singlebeat_",
+        engine_options: dict[str, Any] | None = None,
+        clock: DatabaseClock | None = None,
+    ) -> None:
+        self.url = url
+        self.backend = url.get_backend_name()
+        options = _engine_defaults(url)
+        for key, value in (engine_options or {}).items():
+            if key == "connect_args":
+                options["connect_args"] = {**options.get("connect_args", {}), **value}
+            else:
+                options[key] = value
+        options["isolation_level"] = "AUTOCOMMIT"
+        if self.backend == "postgresql" and url.drivername == "postgresql":
+            # the plain scheme means psycopg2 to SQLAlchemy; we ship psycopg 3
+            url = url.set(drivername="postgresql+psycopg")
+        self.engine: Engine = create_engine(url, **options)
+        self._install_session_setup()
+        self.tables = Tables(table_prefix)
+        self.sql: Dialect = dialect_for(self.backend, table_prefix)
+        self.clock = clock or DatabaseClock()
+        #: statements sent to the database (benchmarks report it per tick).
+        self.round_trips = 0
+
+        @event.listens_for(self.engine, "before_cursor_execute")
+        def _count(*_args: Any) -> None:
+            self.round_trips += 1
+
+    def _install_session_setup(self) -> None:
+        if self.backend in ("mysql", "mariadb"):
+
+            @event.listens_for(self.engine, "connect")
+            def _mysql_session(dbapi_conn: Any, _record: Any) -> None:
+                cursor = dbapi_conn.cursor()
+                # READ COMMITTED: no gap locks, so concurrent claims of disjoint
+                # new rows do not deadlock each other
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                cursor.close()
+
+        elif self.backend == "sqlite":
+
+            @event.listens_for(self.engine, "connect")
+            def _sqlite_session(dbapi_conn: Any, _record: Any) -> None:
+                cursor = dbapi_conn.cursor()
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute("PRAGMA busy_timeout=15000")
+                cursor.close()
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _retryable(self, exc: DBAPIError) -> bool:
+        orig = exc.orig
+        if self.backend == "postgresql":
+            return getattr(orig, "sqlstate", None) in _PG_RETRY
+        if self.backend in ("mysql", "mariadb"):
+            args = getattr(orig, "args", ())
+            return bool(args) and args[0] in _MY_RETRY
+        return "locked" in str(orig).lower() or "busy" in str(orig).lower()
+
+    @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _run(self, what: str, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` on a connection, retrying deadlocks; wrap driver errors."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                with self._connect() as conn:
+                    return work(conn)
+            except DBAPIError as exc:
+                if self._retryable(exc) and attempt < MAX_ATTEMPTS:
+                    logger.debug("singlebeat: %s: retrying after %s", what, exc.orig)
+                    time.sleep(random.uniform(0.001, 0.02) * attempt)
+                    continue
+                raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+            except SQLAlchemyError as exc:
+                raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    def _fetch(self, conn: Connection, statement: str, **params: Any) -> list[Any]:
+        """Execute, read all rows, and feed the database clock from column 0."""
+        sent = self.clock.local_us()
+        rows = conn.execute(text(statement), params).all()
+        received = self.clock.local_us()
+        if rows and rows[0][0] is not None:
+            self.clock.observe(int(rows[0][0]), sent, received)
+        return list(rows)
+
+    # -- Store ----------------------------------------------------------------
+
+    def prepare(self, create: bool) -> None:
+        def work(conn: Connection) -> None:
+            names = set(inspect(conn).get_table_names())
+            wanted = {t.name for t in self.tables.metadata.sorted_tables}
+            if not wanted <= names:
+                if not create:
+                    missing = ", ".join(sorted(wanted - names))
+                    raise SchemaError(
+                        f"tables missing ({missing}) and singlebeat_create_schema is False: "
+                        "create them with `celery -A proj singlebeat create-schema` "
+                        "(or celery_singlebeat.create_schema(app)) using a privileged user"
+                    )
+                self.tables.metadata.create_all(conn, checkfirst=True)
+            conn.execute(text(self.sql.meta_insert), {"key": "schema_version",
+                                                      "value_us": SCHEMA_VERSION})
+            conn.execute(text(self.sql.meta_insert), {"key": "prune", "value_us": 0})
+            version = conn.execute(
+                self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
+            ).one()[1]
+            if version > SCHEMA_VERSION:
+                raise SchemaError(
+                    f"the database schema is version {version}, newer than this "
+                    f"celery-singlebeat understands ({SCHEMA_VERSION}): upgrade the package "
+                    "on every replica"
+                )
+
+        # Several pods creating the schema at the same instant race on the
+        # catalog (PostgreSQL raises a unique violation on pg_type, MySQL "table
+        # exists"): whoever loses simply checks again.
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                self._run("schema check", work)
+                return
+            except StoreUnavailable as exc:
+                if attempt == MAX_ATTEMPTS or not _looks_like_create_race(exc):
+                    raise
+                time.sleep(random.uniform(0.05, 0.3))
+
+    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+        payload = json.dumps(sorted(set(names)))
+        owner = "register"
+
+        def work(conn: Connection) -> dict[str, EntryState]:
+            if names:
+                conn.execute(text(self.sql.register_insert), {"names": payload, "owner": owner})
+            rows = self._fetch(conn, self.sql.register_select, names=payload)
+            out = {}
+            for _now, name, anchor, last in rows:
+                if name is None:
+                    continue
+                last_slot = None if last is None or int(last) < 0 else int(last)
+                out[name] = EntryState(name, int(anchor), last_slot)
+            return out
+
+        return self._run("register entries", work)
+
+    def claim(
+        self, owner: str, slots: Sequence[SlotKey], lease_us: int
+    ) -> list[Claim]:
+        if not slots:
+            return []
+        payload = json.dumps(sorted({(s.entry, s.slot_us) for s in slots}))
+        if self.sql.returning:
+            return self._run("claim", lambda conn: _claims(self._fetch(
+                conn, self.sql.claim, owner=owner, slots=payload, lease_us=lease_us)))
+        batch = uuid.uuid4().hex
+
+        def work(conn: Connection) -> list[Claim]:
+            conn.execute(text(self.sql.claim), {
+                "owner": owner, "slots": payload, "lease_us": lease_us, "batch": batch})
+            return _claims(self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner))
+
+        return self._run("claim", work)
+
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        if not claims:
+            return []
+        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
+        if self.sql.returning:
+            return self._run("confirm", lambda conn: _claims(self._fetch(
+                conn, self.sql.confirm, owner=owner, slots=payload)))
+
+        def work(conn: Connection) -> list[Claim]:
+            result = conn.execute(text(self.sql.confirm), {"owner": owner, "slots": payload})
+            if result.rowcount == len(claims):
+                return list(claims)
+            # Some were taken over: find out which are ours and sent.
+            mine = {
+                (row[0], int(row[1]), int(row[2]))
+                for row in conn.execute(
+                    self.tables.slots.select()
+                    .with_only_columns(self.tables.slots.c.entry, self.tables.slots.c.slot_us,
+                                       self.tables.slots.c.fence)
+                    .where(self.tables.slots.c.owner == owner, self.tables.slots.c.state == 1,
+                           self.tables.slots.c.entry.in_({c.entry for c in claims}))
+                )
+            }
+            return [c for c in claims if (c.entry, c.slot_us, c.fence) in mine]
+
+        return self._run("confirm", work)
+
+    def release(self, owner: str, claims: Sequence[Claim]) -> None:
+        if not claims:
+            return
+        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
+        self._run("release", lambda conn: conn.execute(
+            text(self.sql.release), {"owner": owner, "slots": payload}))
+
+    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        if self.sql.returning:
+            return self._run("take over", lambda conn: _claims(self._fetch(
+                conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit)))
+        batch = uuid.uuid4().hex
+
+        def work(conn: Connection) -> list[Claim]:
+            result = conn.execute(text(self.sql.take_over), {
+                "owner": owner, "lease_us": lease_us, "limit": limit, "batch": batch})
+            if result.rowcount == 0:
+                self._fetch(conn, self.sql.ping)
+                return []
+            rows = self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
+            return _claims([r for r in rows if r[4] in (None, 0)])
+
+        return self._run("take over", work)
+
+    def prune(self, retention_us: int, every_us: int) -> int | None:
+        def work(conn: Connection) -> int | None:
+            turn = conn.execute(text(self.sql.prune_turn), {"every_us": every_us})
+            if turn.rowcount != 1:
+                return None
+            conn.execute(text(self.sql.prune_mark), {"retention_us": retention_us})
+            deleted = conn.execute(text(self.sql.prune_delete), {"retention_us": retention_us})
+            return int(deleted.rowcount)
+
+        return self._run("prune", work)
+
+    def ping(self) -> int:
+        return self._run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _claims(rows: Sequence[Any]) -> list[Claim]:
+    return [Claim(r[1], int(r[2]), int(r[3])) for r in rows if r[1] is not None]
+
+
+def _describe(exc: SQLAlchemyError) -> str:
+    """One line without the statement text or its parameters (which may be long)."""
+    orig = getattr(exc, "orig", None)
+    message = str(orig if orig is not None else exc).strip().splitlines()
+    return f"{type(orig or exc).__name__}: {message[0] if message else ''}"
+
+
+def _looks_like_create_race(exc: StoreUnavailable) -> bool:
+    text_ = str(exc).lower()
+    return any(word in text_ for word in ("already exists", "duplicate", "unique", "1050"))
