@@ -54,7 +54,9 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def parse_missed_policy(prefix: str, options: Mapping[str, Any], default: MissedPolicy) -> MissedPolicy:
+def parse_missed_policy(
+    prefix: str, options: Mapping[str, Any], default: MissedPolicy
+) -> MissedPolicy:
     """A missed-run policy from ``<prefix>missed_policy``/``_grace``/``_max`` keys."""
     mode = options.get(f"{prefix}missed_policy", default.mode)
     if mode not in MISSED_MODES:
@@ -108,8 +110,15 @@ class Settings:
         return self.url.get_backend_name()
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
-        """Read and validate the settings from a Celery app's ``conf``."""
+    def from_conf(
+        cls, conf: Mapping[str, Any], max_loop_interval: float | timedelta | None = None
+    ) -> Settings:
+        """Read and validate the settings from a Celery app's ``conf``.
+
+        ``max_loop_interval`` is the scheduler's effective loop interval when the
+        caller knows it (``celery beat --max-interval``); otherwise it is read
+        from ``beat_max_loop_interval``.
+        """
         raw_url = conf.get("singlebeat_url") or DEFAULT_URL
         try:
             url = make_url(raw_url) if isinstance(raw_url, str) else raw_url
@@ -137,11 +146,9 @@ class Settings:
             raise ConfigurationError(
                 f"singlebeat_lease={lease.total_seconds()}s: must be at least 1 second"
             )
-        loop = conf.get("beat_max_loop_interval")
+        loop = max_loop_interval or conf.get("beat_max_loop_interval")
         max_loop = (
-            DEFAULT_MAX_LOOP_INTERVAL
-            if loop is None
-            else _duration("beat_max_loop_interval", loop)
+            DEFAULT_MAX_LOOP_INTERVAL if loop is None else _duration("beat_max_loop_interval", loop)
         )
         if lease <= max_loop:
             raise ConfigurationError(

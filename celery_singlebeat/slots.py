@@ -21,7 +21,7 @@ import copy
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
-from typing import Protocol
+from typing import Any, Protocol
 
 from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
@@ -114,8 +114,9 @@ def period_of(schedule: object) -> timedelta | None:
     """The period of an interval schedule, or None for other kinds."""
     if isinstance(schedule, timedelta):
         return schedule
+    # exact type: a subclass may override is_due, so it takes the generic path
     if type(schedule) is interval_schedule:
-        run_every = schedule.run_every
+        run_every: Any = getattr(schedule, "run_every")  # noqa: B009
         return run_every if isinstance(run_every, timedelta) else timedelta(seconds=run_every)
     return None
 

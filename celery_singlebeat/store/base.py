@@ -94,15 +94,13 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def claim(
-        self, owner: str, slots: Sequence[SlotKey], lease_us: int
-    ) -> list[Claim]:
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
         """Atomically claim the given slots for ``owner``; return those won.
 
         A slot is won when either (a) it has no row and it is newer than its
-        entry's high-water mark (a row is inserted: claimed, fence 1); or (b) its row is abandoned (the row passes
-        to ``owner`` and its fence grows). Rows that are sent, or claimed with a
-        live lease, are not touched. Every won row gets
+        entry's high-water mark (a row is inserted: claimed, fence 1); or (b) its
+        row is abandoned (the row passes to ``owner`` and its fence grows).
+        Rows that are sent, or claimed with a live lease, are not touched. Every won row gets
         ``lease_until_us = now + lease_us``. Duplicates in ``slots`` count once;
         slots of unregistered entries are never won. Rows are locked in
         ``(entry, slot_us)`` order so concurrent claims cannot deadlock.

@@ -135,7 +135,7 @@ class SqlStore(Store):
         if self.backend == "postgresql":
             return getattr(orig, "sqlstate", None) in _PG_RETRY
         if self.backend in ("mysql", "mariadb"):
-            args = getattr(orig, "args", ())
+            args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
             return bool(args) and args[0] in _MY_RETRY
         return "locked" in str(orig).lower() or "busy" in str(orig).lower()
 
@@ -184,8 +184,9 @@ class SqlStore(Store):
                         "(or celery_singlebeat.create_schema(app)) using a privileged user"
                     )
                 self.tables.metadata.create_all(conn, checkfirst=True)
-            conn.execute(text(self.sql.meta_insert), {"key": "schema_version",
-                                                      "value_us": SCHEMA_VERSION})
+            conn.execute(
+                text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
+            )
             conn.execute(text(self.sql.meta_insert), {"key": "prune", "value_us": 0})
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
@@ -227,20 +228,24 @@ class SqlStore(Store):
 
         return self._run("register entries", work)
 
-    def claim(
-        self, owner: str, slots: Sequence[SlotKey], lease_us: int
-    ) -> list[Claim]:
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
         if not slots:
             return []
         payload = json.dumps(sorted({(s.entry, s.slot_us) for s in slots}))
         if self.sql.returning:
-            return self._run("claim", lambda conn: _claims(self._fetch(
-                conn, self.sql.claim, owner=owner, slots=payload, lease_us=lease_us)))
+            return self._run(
+                "claim",
+                lambda conn: _claims(
+                    self._fetch(conn, self.sql.claim, owner=owner, slots=payload, lease_us=lease_us)
+                ),
+            )
         batch = uuid.uuid4().hex
 
         def work(conn: Connection) -> list[Claim]:
-            conn.execute(text(self.sql.claim), {
-                "owner": owner, "slots": payload, "lease_us": lease_us, "batch": batch})
+            conn.execute(
+                text(self.sql.claim),
+                {"owner": owner, "slots": payload, "lease_us": lease_us, "batch": batch},
+            )
             return _claims(self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner))
 
         return self._run("claim", work)
@@ -250,8 +255,12 @@ class SqlStore(Store):
             return []
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
         if self.sql.returning:
-            return self._run("confirm", lambda conn: _claims(self._fetch(
-                conn, self.sql.confirm, owner=owner, slots=payload)))
+            return self._run(
+                "confirm",
+                lambda conn: _claims(
+                    self._fetch(conn, self.sql.confirm, owner=owner, slots=payload)
+                ),
+            )
 
         def work(conn: Connection) -> list[Claim]:
             result = conn.execute(text(self.sql.confirm), {"owner": owner, "slots": payload})
@@ -262,10 +271,16 @@ class SqlStore(Store):
                 (row[0], int(row[1]), int(row[2]))
                 for row in conn.execute(
                     self.tables.slots.select()
-                    .with_only_columns(self.tables.slots.c.entry, self.tables.slots.c.slot_us,
-                                       self.tables.slots.c.fence)
-                    .where(self.tables.slots.c.owner == owner, self.tables.slots.c.state == 1,
-                           self.tables.slots.c.entry.in_({c.entry for c in claims}))
+                    .with_only_columns(
+                        self.tables.slots.c.entry,
+                        self.tables.slots.c.slot_us,
+                        self.tables.slots.c.fence,
+                    )
+                    .where(
+                        self.tables.slots.c.owner == owner,
+                        self.tables.slots.c.state == 1,
+                        self.tables.slots.c.entry.in_({c.entry for c in claims}),
+                    )
                 )
             }
             return [c for c in claims if (c.entry, c.slot_us, c.fence) in mine]
@@ -276,18 +291,28 @@ class SqlStore(Store):
         if not claims:
             return
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
-        self._run("release", lambda conn: conn.execute(
-            text(self.sql.release), {"owner": owner, "slots": payload}))
+        self._run(
+            "release",
+            lambda conn: conn.execute(text(self.sql.release), {"owner": owner, "slots": payload}),
+        )
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         if self.sql.returning:
-            return self._run("take over", lambda conn: _claims(self._fetch(
-                conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit)))
+            return self._run(
+                "take over",
+                lambda conn: _claims(
+                    self._fetch(
+                        conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit
+                    )
+                ),
+            )
         batch = uuid.uuid4().hex
 
         def work(conn: Connection) -> list[Claim]:
-            result = conn.execute(text(self.sql.take_over), {
-                "owner": owner, "lease_us": lease_us, "limit": limit, "batch": batch})
+            result = conn.execute(
+                text(self.sql.take_over),
+                {"owner": owner, "lease_us": lease_us, "limit": limit, "batch": batch},
+            )
             if result.rowcount == 0:
                 self._fetch(conn, self.sql.ping)
                 return []

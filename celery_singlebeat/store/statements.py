@@ -40,9 +40,11 @@ class Dialect:
     def render(self, prefix: str) -> Dialect:
         names = {"e": f"{prefix}entries", "s": f"{prefix}slots", "m": f"{prefix}meta"}
         values = {
-            field: (getattr(self, field).replace("{now}", self.now).format(**names)
-                    if isinstance(getattr(self, field), str) and field not in ("name", "now")
-                    else getattr(self, field))
+            field: (
+                getattr(self, field).replace("{now}", self.now).format(**names)
+                if isinstance(getattr(self, field), str) and field not in ("name", "now")
+                else getattr(self, field)
+            )
             for field in self.__dataclass_fields__
         }
         return Dialect(**values)

@@ -1,0 +1,483 @@
+"""``SingleBeatScheduler``: run ``celery beat`` in every pod, send each run once.
+
+Each tick, every replica computes the slots that are due (same instants on
+every replica, see :mod:`.slots`), asks the database to claim all of them in
+one statement, publishes the ones it won with a deterministic task id and the
+slot in a header, and confirms them in a second statement. A replica that dies
+between claim and confirm leaves an abandoned claim; any replica takes it over
+once its lease has run out and publishes it again with the same task id.
+
+When the database cannot be reached the replica sends nothing at all: there is
+no uncoordinated fallback. It logs once per outage, retries with backoff and
+picks up by itself, applying the missed-run policy to what fell due meanwhile.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
+
+from . import signals
+from .clock import US, us_to_datetime
+from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
+from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
+from .slots import (
+    SLOT_HEADER,
+    MissedPolicy,
+    SlotSequence,
+    plan_due,
+    sequence_for,
+    slot_header,
+    slot_task_id,
+)
+from .store.base import Claim, SlotKey, Store
+from .store.schema import MAX_ENTRY_NAME
+
+logger = logging.getLogger("celery_singlebeat")
+
+#: ``options`` keys of a beat_schedule entry that configure us (never sent on).
+ENTRY_OPTION_PREFIX = "singlebeat_"
+
+#: how often one replica's turn to prune old slot rows comes round at most.
+PRUNE_EVERY_US = 60 * US
+
+#: outage retry delays, in seconds.
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 10.0
+
+
+@dataclass(order=True)
+class _Tracked:
+    """An entry as this replica tracks it: its slot sequence and next slot."""
+
+    next_us: int
+    name: str = field(compare=True)
+    sequence: SlotSequence = field(compare=False, repr=False)
+    policy: MissedPolicy = field(compare=False, repr=False)
+
+
+def _fmt(slot_us: int) -> str:
+    return us_to_datetime(slot_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
+    """A Celery beat scheduler whose replicas coordinate through a SQL database.
+
+    Set ``beat_scheduler = "celery_singlebeat.SingleBeatScheduler"`` and
+    ``singlebeat_url`` (any SQLAlchemy URL; default: a SQLite file in the working
+    directory), then run ``celery beat`` in every pod.
+    """
+
+    #: sleep at most this long between ticks unless ``beat_max_loop_interval`` says otherwise.
+    max_interval = DEFAULT_MAX_LOOP_INTERVAL.total_seconds()
+
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        loop = kwargs.get("max_interval") or app.conf.beat_max_loop_interval
+        # Validated before anything else, also for the lazy instance celery beat
+        # builds for its banner, so a bad setting stops the process at start-up.
+        self.settings = Settings.from_conf(app.conf, max_loop_interval=loop)
+        self._store: Store | None = None
+        self._tracked: dict[str, _Tracked] = {}
+        self._heap: list[_Tracked] = []
+        self._policies: dict[str, MissedPolicy] = {}
+        self._ready = False
+        self._outage_since: float | None = None
+        self._backoff = BACKOFF_FIRST
+        self._next_sweep = 0.0
+        self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
+        self._next_prune = 0.0
+        #: per-tick figures, read by benchmarks and tests.
+        self.stats: dict[str, int] = {
+            "claimed": 0,
+            "lost": 0,
+            "sent": 0,
+            "taken_over": 0,
+            "skipped": 0,
+            "outages": 0,
+        }
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- Celery's Scheduler API -----------------------------------------------
+
+    @property
+    def info(self) -> str:
+        return (
+            f"    . singlebeat -> {self.settings.safe_url}\n"
+            f"    . replica -> {self.settings.replica_id}"
+        )
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        self._policies = {name: self._policy_of(name, e) for name, e in self.schedule.items()}
+        for name, entry in self.schedule.items():
+            self._check_entry(name, entry)
+        logger.info(
+            "singlebeat: replica %s coordinating %d entries through %s "
+            "(lease %gs, missed-run policy %s, grace %gs)",
+            self.settings.replica_id,
+            len(self.schedule),
+            self.settings.safe_url,
+            self.settings.lease.total_seconds(),
+            self.settings.missed.mode,
+            self.settings.missed.grace_us / US,
+        )
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        try:
+            if not self._ready:
+                self._connect()
+            delay = self._tick()
+        except StoreUnavailable as exc:
+            return self._outage(exc)
+        if self._outage_since is not None:
+            logger.warning(
+                "singlebeat: database reachable again after %.1fs; sending resumes "
+                "(missed-run policy %s applies to what fell due meanwhile)",
+                time.monotonic() - self._outage_since,
+                self.settings.missed.mode,
+            )
+            self._outage_since = None
+            self._backoff = BACKOFF_FIRST
+        return delay
+
+    def sync(self) -> None:
+        # Nothing to persist: every decision is already in the database.
+        pass
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+                self._ready = False
+
+    # -- set-up ----------------------------------------------------------------
+
+    def _policy_of(self, name: str, entry: ScheduleEntry) -> MissedPolicy:
+        options = entry.options or {}
+        try:
+            return parse_missed_policy(ENTRY_OPTION_PREFIX, options, self.settings.missed)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"beat_schedule[{name!r}].options: {exc}") from None
+
+    def _check_entry(self, name: str, entry: ScheduleEntry) -> None:
+        if len(name.encode()) > MAX_ENTRY_NAME:
+            raise ConfigurationError(
+                f"beat_schedule entry name {name[:40]!r}... is longer than "
+                f"{MAX_ENTRY_NAME} bytes; shorten it"
+            )
+        try:
+            sequence_for(entry.schedule, 0, self._tz_of(entry))
+        except ScheduleError as exc:
+            raise ConfigurationError(f"beat_schedule[{name!r}]: {exc}") from None
+
+    def _tz_of(self, entry: ScheduleEntry) -> Any:
+        return getattr(entry.schedule, "tz", None) or self.app.timezone
+
+    def _open_store(self) -> Store:
+        from .store.sql import SqlStore
+
+        return SqlStore(
+            self.settings.url,
+            table_prefix=self.settings.table_prefix,
+            engine_options=dict(self.settings.engine_options),
+        )
+
+    def _connect(self) -> None:
+        """Check the schema and register the entries (first tick, or after an outage)."""
+        if self._store is None:
+            self._store = self._open_store()
+        try:
+            self._store.prepare(self.settings.create_schema)
+        except SchemaError as exc:
+            # Not an outage: retrying cannot help, so stop the process loudly.
+            logger.critical("singlebeat: %s", exc)
+            raise
+        states = self._store.register(list(self.schedule))
+        clock = self._store.clock
+        now_us = clock.now_us()
+        self._tracked.clear()
+        for name, entry in self.schedule.items():
+            state = states[name]
+            sequence = sequence_for(entry.schedule, state.anchor_us, self._tz_of(entry))
+            start = state.last_slot_us if state.last_slot_us is not None else now_us
+            next_us = sequence.next_after(start)
+            if next_us is None:
+                continue
+            self._tracked[name] = _Tracked(next_us, name, sequence, self._policies[name])
+        self._heap = list(self._tracked.values())
+        heapq.heapify(self._heap)
+        self._ready = True
+        logger.info(
+            "singlebeat: connected to %s; database clock offset %+.1f ms; %d entries tracked",
+            self.settings.safe_url,
+            clock.offset_us / 1000,
+            len(self._tracked),
+        )
+
+    # -- the loop ------------------------------------------------------------
+
+    def _tick(self) -> float:
+        store = self._store
+        assert store is not None
+        monotonic = time.monotonic()
+        if monotonic >= self._next_sweep:
+            self._next_sweep = monotonic + self._sweep_every
+            self._take_over()
+        if monotonic >= self._next_prune:
+            self._next_prune = monotonic + PRUNE_EVERY_US / US
+            deleted = store.prune(self.settings.retention_us, PRUNE_EVERY_US)
+            if deleted:
+                logger.info(
+                    "singlebeat: pruned %d slot rows older than %s",
+                    deleted,
+                    self.settings.retention,
+                )
+        self._send_due()
+        now_us = store.clock.now_us()
+        delay = self.max_interval
+        if self._heap:
+            delay = min(delay, (self._heap[0].next_us - now_us) / US)
+        delay = min(delay, self._next_sweep - time.monotonic())
+        return max(delay, 0.0)
+
+    def _send_due(self) -> None:
+        store = self._store
+        assert store is not None
+        now_us = store.clock.now_us()
+        heap = self._heap
+        due: list[_Tracked] = []
+        while heap and heap[0].next_us <= now_us:
+            due.append(heapq.heappop(heap))
+        if not due:
+            return
+        keys: list[SlotKey] = []
+        plans = []
+        for tracked in due:
+            plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
+            plans.append((tracked, plan))
+            keys.extend(SlotKey(tracked.name, at) for at in plan.propose)
+        started = time.monotonic()
+        try:
+            won = store.claim(self.settings.replica_id, keys, self.settings.lease_us)
+        except StoreUnavailable:
+            # Nothing was decided: keep the slots due, the next attempt proposes them again.
+            for tracked in due:
+                heapq.heappush(heap, tracked)
+            raise
+        for tracked, plan in plans:
+            if plan.skipped:
+                self._report_skipped(
+                    tracked.name,
+                    plan.skipped,
+                    plan.skipped_first_us,
+                    plan.skipped_last_us,
+                    tracked.policy,
+                )
+            if plan.next_us is not None:
+                tracked.next_us = plan.next_us
+                heapq.heappush(heap, tracked)
+            else:
+                self._tracked.pop(tracked.name, None)
+        self.stats["claimed"] += len(won)
+        self.stats["lost"] += len(keys) - len(won)
+        if logger.isEnabledFor(logging.DEBUG) and len(won) < len(keys):
+            mine = {c.key for c in won}
+            for key in keys:
+                if key not in mine:
+                    logger.debug(
+                        "singlebeat: replica %s lost slot %s@%s to another replica",
+                        self.settings.replica_id,
+                        key.entry,
+                        _fmt(key.slot_us),
+                    )
+        self._publish_and_confirm(won, started)
+
+    def _take_over(self) -> None:
+        store = self._store
+        assert store is not None
+        started = time.monotonic()
+        taken = store.take_over(
+            self.settings.replica_id, self.settings.lease_us, self.settings.takeover_batch
+        )
+        if not taken:
+            return
+        self.stats["taken_over"] += len(taken)
+        for claim in taken:
+            logger.warning(
+                "singlebeat: replica %s took over slot %s@%s (task id %s, fence %d): "
+                "its previous owner did not confirm within the %gs lease",
+                self.settings.replica_id,
+                claim.entry,
+                _fmt(claim.slot_us),
+                slot_task_id(claim.entry, claim.slot_us),
+                claim.fence,
+                self.settings.lease.total_seconds(),
+            )
+        self._publish_and_confirm(taken, started)
+
+    def _publish_and_confirm(self, claims: list[Claim], claimed_at: float) -> None:
+        if not claims:
+            return
+        store = self._store
+        assert store is not None
+        # Stop publishing once our lease may have run out: another replica may be
+        # taking the slot over, and two publishes would then race. Local monotonic
+        # time, measured from *before* the claim was sent, is a safe upper bound.
+        deadline = claimed_at + self.settings.lease.total_seconds() * 0.8
+        published: list[Claim] = []
+        failed: list[Claim] = []
+        expired: list[Claim] = []
+        producer = None
+        for claim in claims:
+            if time.monotonic() >= deadline:
+                expired.append(claim)
+                continue
+            entry = self.schedule.get(claim.entry)
+            if entry is None:
+                # A slot of an entry this replica's schedule no longer has (rolling
+                # restart): leave it to a replica that knows the entry.
+                failed.append(claim)
+                continue
+            if producer is None:
+                producer = self.producer
+            if self._publish(entry, claim, producer):
+                published.append(claim)
+            else:
+                failed.append(claim)
+        if expired:
+            logger.warning(
+                "singlebeat: lease ran out before %d claimed slots were published "
+                "(first %s@%s); releasing them for another replica to send",
+                len(expired),
+                expired[0].entry,
+                _fmt(expired[0].slot_us),
+            )
+        if failed or expired:
+            store.release(self.settings.replica_id, failed + expired)
+        if not published:
+            return
+        confirmed = store.confirm(self.settings.replica_id, published)
+        self.stats["sent"] += len(published)
+        if len(confirmed) < len(published):
+            ok = set(confirmed)
+            for claim in published:
+                if claim not in ok:
+                    logger.warning(
+                        "singlebeat: slot %s@%s was taken over before replica %s confirmed "
+                        "its publish; it is published again with the same task id %s",
+                        claim.entry,
+                        _fmt(claim.slot_us),
+                        self.settings.replica_id,
+                        slot_task_id(claim.entry, claim.slot_us),
+                    )
+
+    def _publish(self, entry: ScheduleEntry, claim: Claim, producer: Any) -> bool:
+        task_id = slot_task_id(claim.entry, claim.slot_us)
+        slot = us_to_datetime(claim.slot_us)
+        details = {
+            "entry": claim.entry,
+            "slot": slot,
+            "task_id": task_id,
+            "fence": claim.fence,
+            "taken_over": claim.taken_over,
+        }
+        if signals.slot_claimed.receivers:
+            signals.slot_claimed.send(sender=self, **details)
+        options = {
+            k: v for k, v in (entry.options or {}).items() if not k.startswith(ENTRY_OPTION_PREFIX)
+        }
+        headers = dict(options.pop("headers", None) or {})
+        headers["celery_beat_task"] = True
+        headers[SLOT_HEADER] = slot_header(claim.entry, claim.slot_us)
+        options.pop("task_id", None)
+        try:
+            args = _evaluate_entry_args(entry.args)
+            kwargs = _evaluate_entry_kwargs(entry.kwargs)
+            task = self.app.tasks.get(entry.task)
+            if task is not None:
+                task.apply_async(
+                    args, kwargs, producer=producer, task_id=task_id, headers=headers, **options
+                )
+            else:
+                self.send_task(
+                    entry.task,
+                    args,
+                    kwargs,
+                    producer=producer,
+                    task_id=task_id,
+                    headers=headers,
+                    **options,
+                )
+        except Exception:
+            logger.exception(
+                "singlebeat: publishing slot %s@%s (task %s) failed; releasing the claim "
+                "so that a replica sends it again",
+                claim.entry,
+                _fmt(claim.slot_us),
+                entry.task,
+            )
+            return False
+        logger.info(
+            "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
+            self.settings.replica_id,
+            "took over" if claim.taken_over else "won",
+            claim.entry,
+            _fmt(claim.slot_us),
+            entry.task,
+            task_id,
+        )
+        if signals.slot_published.receivers:
+            signals.slot_published.send(sender=self, **details)
+        return True
+
+    def _report_skipped(
+        self, name: str, count: int, first_us: int | None, last_us: int | None, policy: MissedPolicy
+    ) -> None:
+        self.stats["skipped"] += count
+        logger.warning(
+            "singlebeat: %s: %d missed slot(s) %s..%s not sent (missed-run policy %s, grace %gs)",
+            name,
+            count,
+            _fmt(first_us) if first_us else "?",
+            _fmt(last_us) if last_us else "?",
+            policy.mode,
+            policy.grace_us / US,
+        )
+        if signals.slots_skipped.receivers:
+            signals.slots_skipped.send(
+                sender=self,
+                entry=name,
+                count=count,
+                first=us_to_datetime(first_us) if first_us else None,
+                last=us_to_datetime(last_us) if last_us else None,
+            )
+
+    def _outage(self, exc: StoreUnavailable) -> float:
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+            self.stats["outages"] += 1
+            logger.error(
+                "singlebeat: database %s unreachable (%s); replica %s sends nothing until "
+                "it is back, retrying with backoff up to %gs",
+                self.settings.safe_url,
+                exc,
+                self.settings.replica_id,
+                BACKOFF_MAX,
+            )
+        else:
+            logger.debug("singlebeat: database still unreachable: %s", exc)
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        return delay
+
+
+__all__ = ["SingleBeatScheduler"]

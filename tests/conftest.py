@@ -1,0 +1,84 @@
+"""Shared fixtures: real services, with one rule.
+
+A test that needs a service skips when the service is absent, except in CI
+(``CI=true``), where an absent service is a failure: a green CI run must mean
+every backend was exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+PG_URL = os.environ.get("SB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("SB_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+REDIS_URL = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379")
+AMQP_URL = os.environ.get("SB_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+
+_PORTS = {"postgres": 5432, "mysql": 3306, "redis": 6379, "rabbitmq": 5672}
+
+
+def service_up(name: str) -> bool:
+    """True when the service's TCP port accepts a connection."""
+    try:
+        with socket.create_connection(("127.0.0.1", _PORTS[name]), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require(name: str) -> None:
+    """Skip (locally) or fail (CI) when the service is down."""
+    if service_up(name):
+        return
+    message = f"{name} is not reachable on 127.0.0.1:{_PORTS[name]}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: a missing service is a failure)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def table_prefix() -> str:
+    """A fresh table prefix per test, so tests never see each other's rows."""
+    return f"t{uuid.uuid4().hex[:10]}_"
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    """The URL of each real database in turn."""
+    kind = request.param
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path}/singlebeat.sqlite"
+        return
+    require(kind)
+    yield PG_URL if kind == "postgres" else MYSQL_URL
+
+
+@pytest.fixture
+def pg_url() -> str:
+    require("postgres")
+    return PG_URL
+
+
+@pytest.fixture
+def mysql_url() -> str:
+    require("mysql")
+    return MYSQL_URL
+
+
+@pytest.fixture
+def redis_url() -> str:
+    require("redis")
+    return REDIS_URL
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    require("rabbitmq")
+    return AMQP_URL
