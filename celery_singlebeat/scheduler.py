@@ -91,6 +91,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._next_sweep = 0.0
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
+        self._unconfirmed: list[Claim] = []
         #: per-tick figures, read by benchmarks and tests.
         self.stats: dict[str, int] = {
             "claimed": 0,
@@ -228,6 +229,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         monotonic = time.monotonic()
+        # Before any sweep: our own sweep would otherwise take over (and publish
+        # again) claims we published but could not record during an outage.
+        if self._unconfirmed:
+            pending, self._unconfirmed = self._unconfirmed, []
+            self._confirm(pending)
         if monotonic >= self._next_sweep:
             self._next_sweep = monotonic + self._sweep_every
             self._take_over()
@@ -364,8 +370,20 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             store.release(self.settings.replica_id, failed + expired)
         if not published:
             return
-        confirmed = store.confirm(self.settings.replica_id, published)
         self.stats["sent"] += len(published)
+        self._confirm(published)
+
+    def _confirm(self, published: list[Claim]) -> None:
+        store = self._store
+        assert store is not None
+        try:
+            confirmed = store.confirm(self.settings.replica_id, published)
+        except StoreUnavailable:
+            # Published but not recorded: keep them and confirm first thing when
+            # the database is back. Fences make that safe, and if our lease ran
+            # out meanwhile the taker re-publishes with the same task id.
+            self._unconfirmed.extend(published)
+            raise
         if len(confirmed) < len(published):
             ok = set(confirmed)
             for claim in published:
