@@ -120,6 +120,10 @@ class Settings:
         from ``beat_max_loop_interval``.
         """
         raw_url = conf.get("singlebeat_url") or DEFAULT_URL
+        if isinstance(raw_url, str) and raw_url.startswith("django://"):
+            from .contrib.django import SCHEME, database_url
+
+            raw_url = database_url(raw_url[len(SCHEME) :] or "default")
         try:
             url = make_url(raw_url) if isinstance(raw_url, str) else raw_url
         except ArgumentError as exc:

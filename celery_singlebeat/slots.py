@@ -102,9 +102,12 @@ class EstimateSequence:
             delta = pinned.remaining_estimate(at)  # type: ignore[attr-defined]
         except Exception as exc:  # user schedules may raise anything
             raise ScheduleError(f"{self.schedule!r}.remaining_estimate failed: {exc}") from exc
-        # Whole seconds, so that replicas starting from different instants agree.
-        step = max(US, (datetime_to_us(at + delta) - instant_us + US - 1) // US * US)
-        return (instant_us // US) * US + step if instant_us % US == 0 else instant_us + step
+        # The event is an absolute instant (e.g. the next sunrise after ``at``);
+        # rounding it to the nearest second lets replicas that start from
+        # different instants, or compute it with float noise, agree on the key.
+        target = datetime_to_us(at + delta)
+        nearest = (target + US // 2) // US * US
+        return nearest if nearest > instant_us else (instant_us // US + 1) * US
 
     def latest_at_or_before(self, instant_us: int) -> int | None:
         return None

@@ -95,6 +95,9 @@ class SqlStore(Store):
         if self.backend == "postgresql" and url.drivername == "postgresql":
             # the plain scheme means psycopg2 to SQLAlchemy; we ship psycopg 3
             url = url.set(drivername="postgresql+psycopg")
+        elif url.drivername in ("mysql", "mariadb"):
+            # likewise mysqlclient; PyMySQL is the driver of the `mysql` extra
+            url = url.set(drivername=f"{url.drivername}+pymysql")
         self.engine: Engine = create_engine(url, **options)
         self._install_session_setup()
         self.tables = Tables(table_prefix)

@@ -1,0 +1,1 @@
+"""Optional integrations; each imports its framework only when used."""
