@@ -32,5 +32,8 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py
 
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/bench_scheduler.py --quick
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
@@ -81,6 +81,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # Validated before anything else, also for the lazy instance celery beat
         # builds for its banner, so a bad setting stops the process at start-up.
         self.settings = Settings.from_conf(app.conf, max_loop_interval=loop)
+        if not app.conf.get("singlebeat_replica_id"):
+            # celery beat builds a lazy instance for its banner, then the real one:
+            # hand the generated id on, or the banner names a replica that never runs.
+            if lazy:
+                app._singlebeat_banner_replica_id = self.settings.replica_id
+            elif banner_id := app.__dict__.pop("_singlebeat_banner_replica_id", None):
+                self.settings = replace(self.settings, replica_id=banner_id)
         self._store: Store | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._heap: list[_Tracked] = []
@@ -102,6 +109,14 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             "outages": 0,
         }
         super().__init__(app, *args, lazy=lazy, **kwargs)
+        if lazy:
+            # Celery builds the lazy instance before it sets up logging: a bad entry
+            # fails here as one plain traceback. Raised by the real instance, Celery
+            # logs it, then re-prints it line by line through its stderr proxy.
+            for name, fields in (app.conf.beat_schedule or {}).items():
+                entry = self.Entry(**dict(fields, name=name, app=app))
+                self._policy_of(name, entry)
+                self._check_entry(name, entry)
 
     # -- Celery's Scheduler API -----------------------------------------------
 
@@ -163,6 +178,14 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
 
     def _policy_of(self, name: str, entry: ScheduleEntry) -> MissedPolicy:
         options = entry.options or {}
+        # A misspelt key would otherwise fall back to the default policy unnoticed.
+        known = {f"{ENTRY_OPTION_PREFIX}missed_{k}" for k in ("policy", "grace", "max")}
+        unknown = sorted(k for k in options if k.startswith(ENTRY_OPTION_PREFIX) and k not in known)
+        if unknown:
+            raise ConfigurationError(
+                f"beat_schedule[{name!r}].options: unknown option(s) {', '.join(unknown)}; "
+                f"expected {', '.join(sorted(known))}"
+            )
         try:
             return parse_missed_policy(ENTRY_OPTION_PREFIX, options, self.settings.missed)
         except ConfigurationError as exc:
@@ -175,9 +198,15 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 f"{MAX_ENTRY_NAME} bytes; shorten it"
             )
         try:
-            sequence_for(entry.schedule, 0, self._tz_of(entry))
+            # Ask for one instant: a schedule that cannot say when it runs next
+            # (remaining_estimate not implemented) fails now, not at the first tick.
+            sequence_for(entry.schedule, 0, self._tz_of(entry)).next_after(int(time.time() * US))
         except ScheduleError as exc:
-            raise ConfigurationError(f"beat_schedule[{name!r}]: {exc}") from None
+            raise ConfigurationError(
+                f"beat_schedule[{name!r}]: {exc}. Replicas can only agree on the runs of "
+                "crontab, interval and solar schedules, or of a schedule whose "
+                "remaining_estimate() says when it runs next"
+            ) from None
 
     def _tz_of(self, entry: ScheduleEntry) -> Any:
         return getattr(entry.schedule, "tz", None) or self.app.timezone
@@ -443,15 +472,16 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 entry.task,
             )
             return False
-        logger.info(
-            "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
-            self.settings.replica_id,
-            "took over" if claim.taken_over else "won",
-            claim.entry,
-            _fmt(claim.slot_us),
-            entry.task,
-            task_id,
-        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
+                self.settings.replica_id,
+                "took over" if claim.taken_over else "won",
+                claim.entry,
+                _fmt(claim.slot_us),
+                entry.task,
+                task_id,
+            )
         if signals.slot_published.receivers:
             signals.slot_published.send(sender=self, **details)
         return True

@@ -46,7 +46,10 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
     backend = url.get_backend_name()
     if backend == "postgresql":
         return {
-            "pool_pre_ping": True,
+            # No pre-ping: it would double the round trips of every tick. A pooled
+            # connection the server dropped fails its statement instead, and
+            # _run retries that once on a fresh connection.
+            "pool_pre_ping": False,
             "pool_size": 2,
             "connect_args": {
                 "connect_timeout": 5,
@@ -64,7 +67,7 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
         }
     if backend in ("mysql", "mariadb"):
         return {
-            "pool_pre_ping": True,
+            "pool_pre_ping": False,  # see above
             "pool_size": 2,
             "pool_recycle": 3600,
             "connect_args": {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15},
@@ -154,6 +157,12 @@ class SqlStore(Store):
                 with self._connect() as conn:
                     return work(conn)
             except DBAPIError as exc:
+                if exc.connection_invalidated and attempt == 1:
+                    # A pooled connection that died while idle (database restart,
+                    # proxy timeout): the pool is invalidated, try once more on a
+                    # new connection before calling it an outage.
+                    logger.debug("singlebeat: %s: stale connection, reconnecting", what)
+                    continue
                 if self._retryable(exc) and attempt < MAX_ATTEMPTS:
                     logger.debug("singlebeat: %s: retrying after %s", what, exc.orig)
                     time.sleep(random.uniform(0.001, 0.02) * attempt)
@@ -254,6 +263,8 @@ class SqlStore(Store):
         return self._run("claim", work)
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        # once each: MySQL compares the matched row count with the number of claims
+        claims = list(dict.fromkeys(claims))
         if not claims:
             return []
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
@@ -301,13 +312,15 @@ class SqlStore(Store):
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         if self.sql.returning:
-            return self._run(
-                "take over",
-                lambda conn: _claims(
-                    self._fetch(
-                        conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit
-                    )
-                ),
+            return _oldest_first(
+                self._run(
+                    "take over",
+                    lambda conn: _claims(
+                        self._fetch(
+                            conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit
+                        )
+                    ),
+                )
             )
         batch = uuid.uuid4().hex
 
@@ -322,7 +335,7 @@ class SqlStore(Store):
             rows = self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
             return _claims([r for r in rows if r[4] in (None, 0)])
 
-        return self._run("take over", work)
+        return _oldest_first(self._run("take over", work))
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         def work(conn: Connection) -> int | None:
@@ -344,6 +357,11 @@ class SqlStore(Store):
 
 def _claims(rows: Sequence[Any]) -> list[Claim]:
     return [Claim(r[1], int(r[2]), int(r[3])) for r in rows if r[1] is not None]
+
+
+def _oldest_first(claims: list[Claim]) -> list[Claim]:
+    # RETURNING gives no order; taken-over slots are published oldest first
+    return sorted(claims, key=lambda c: (c.slot_us, c.entry))
 
 
 def _describe(exc: SQLAlchemyError) -> str:

@@ -1,0 +1,101 @@
+"""The Celery app the benchmark runs in real ``celery beat`` processes.
+
+One module serves every scheduler under test, configured through environment
+variables so that the harness (``bench_scheduler.py``) starts each replica with
+the same code and only the scheduler differs:
+
+* ``BENCH_SCHEDULER``: ``singlebeat``, ``default`` (Celery's
+  ``PersistentScheduler``) or ``redbeat``
+* ``BENCH_BROKER``/``BENCH_QUEUE``: the Redis broker and the queue messages land in
+* ``BENCH_ENTRIES``/``BENCH_EVERY``: that many interval entries, every BENCH_EVERY s
+* ``BENCH_DB_URL``/``BENCH_PREFIX``: singlebeat's database and table prefix
+* ``BENCH_REDBEAT_URL``/``BENCH_REDBEAT_PREFIX``: redbeat's Redis and key prefix
+* ``BENCH_STAMP=1``: stamp each message with the instant it was published
+  (header ``bench_sent_us``), so the harness can count a time window exactly.
+
+Run as a script (``python benchapp.py sendloop SECONDS``) it is the ceiling
+baseline instead: a plain ``app.send_task`` loop on one reused producer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from celery.signals import beat_init, before_task_publish
+
+SCHEDULERS = {
+    "singlebeat": "celery_singlebeat.SingleBeatScheduler",
+    "default": "celery.beat:PersistentScheduler",
+    "redbeat": "redbeat.RedBeatScheduler",
+}
+
+TASK = "benchapp.probe"
+
+kind = os.environ.get("BENCH_SCHEDULER", "singlebeat")
+entries = int(os.environ.get("BENCH_ENTRIES", "5"))
+every = float(os.environ.get("BENCH_EVERY", "1"))
+queue = os.environ.get("BENCH_QUEUE", "bench")
+
+app = Celery("benchapp", broker=os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9"))
+app.conf.update(
+    beat_scheduler=SCHEDULERS.get(kind, SCHEDULERS["default"]),
+    task_default_queue=queue,
+    # Every scheduler loops at least once a second: singlebeat needs a lease
+    # longer than the loop, and the others then wake up as often.
+    beat_max_loop_interval=1,
+    broker_connection_retry_on_startup=True,
+    singlebeat_url=os.environ.get("BENCH_DB_URL"),
+    singlebeat_table_prefix=os.environ.get("BENCH_PREFIX", "singlebeat_"),
+    redbeat_redis_url=os.environ.get("BENCH_REDBEAT_URL", "redis://127.0.0.1:6379/10"),
+    redbeat_key_prefix=os.environ.get("BENCH_REDBEAT_PREFIX", "redbeat:"),
+    # A lock far longer than the run: standbys must stay standbys while we measure.
+    redbeat_lock_timeout=300,
+    beat_schedule={
+        f"probe-{i}": {"task": TASK, "schedule": timedelta(seconds=every), "args": (i,)}
+        for i in range(entries)
+    },
+)
+
+
+@app.task(name=TASK)
+def probe(i: int) -> int:
+    return i
+
+
+if os.environ.get("BENCH_STAMP") == "1":
+
+    @before_task_publish.connect(weak=False)
+    def _stamp(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        # Measured on this host's clock, like the harness's window bounds.
+        if headers is not None:
+            headers["bench_sent_us"] = time.time_ns() // 1000
+
+
+@beat_init.connect(weak=False)
+def _ready(**_: Any) -> None:
+    # Connected at import, before redbeat's own beat_init receiver (which blocks a
+    # standby until it gets the lock), so every replica reports that it started.
+    print(f"BENCH-READY {os.getpid()}", flush=True)
+
+
+def send_loop(seconds: float) -> None:
+    """Publish as fast as one process can for ``seconds``: the ceiling baseline."""
+    deadline = time.monotonic() + seconds
+    sent = 0
+    with app.producer_or_acquire() as producer:
+        print("BENCH-READY sendloop", flush=True)
+        while time.monotonic() < deadline:
+            app.send_task(TASK, (sent % entries,), producer=producer)
+            sent += 1
+    print(f"BENCH-SENT {sent}", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "sendloop":
+        sys.exit("usage: benchapp.py sendloop SECONDS")
+    send_loop(float(sys.argv[2]))
