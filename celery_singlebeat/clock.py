@@ -13,21 +13,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 US = 1_000_000
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def us_to_datetime(value_us: int) -> datetime:
     """An aware UTC datetime for a count of microseconds since the Unix epoch."""
-    return datetime.fromtimestamp(value_us / US, tz=timezone.utc)
+    # Integer arithmetic: a float of seconds loses microseconds far from 1970.
+    return _EPOCH + timedelta(microseconds=value_us)
 
 
 def datetime_to_us(value: datetime) -> int:
     """Microseconds since the Unix epoch for an aware datetime."""
     if value.tzinfo is None:
         raise ValueError(f"naive datetime {value!r}: pass an aware datetime")
-    delta = value - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    delta = value - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
 
 
@@ -81,7 +84,7 @@ class DatabaseClock:
         now = self._monotonic()
         with self._lock:
             stale = now - self._best_at > self.max_sample_age_s
-            if self._offset_us is None or stale or latency <= self._best_latency_us * 2:
+            if self._offset_us is None or stale or latency <= self._best_latency_us:
                 self._offset_us = offset
                 self._best_latency_us = latency
                 self._best_at = now

@@ -34,7 +34,10 @@ def _duration(name: str, value: Any) -> timedelta:
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = timedelta(seconds=value)
+        try:
+            result = timedelta(seconds=value)
+        except (ValueError, OverflowError):  # nan, inf, beyond timedelta's range
+            raise ConfigurationError(f"{name}={value!r}: not a usable number of seconds") from None
     else:
         raise ConfigurationError(
             f"{name}={value!r}: expected a datetime.timedelta or a number of seconds"
@@ -45,7 +48,15 @@ def _duration(name: str, value: Any) -> timedelta:
 
 
 def _us(value: timedelta) -> int:
-    return int(value / timedelta(microseconds=1))
+    return value // timedelta(microseconds=1)
+
+
+def _masked(raw: str) -> str:
+    """An unparsable URL as far as it is safe to log: scheme and host part only."""
+    scheme, separator, rest = raw.partition("://")
+    _, at, host = rest.rpartition("@") if separator else raw.rpartition("@")
+    shown = f"***@{host}" if at else "***"
+    return f"{scheme}://{shown}" if separator else shown
 
 
 def default_replica_id() -> str:
@@ -126,10 +137,11 @@ class Settings:
             raw_url = database_url(raw_url[len(SCHEME) :] or "default")
         try:
             url = make_url(raw_url) if isinstance(raw_url, str) else raw_url
-        except ArgumentError as exc:
-            shown = str(raw_url).split("@")[-1]
+        except (ArgumentError, ValueError):
+            # Neither the URL nor the parser's message may be shown whole: a typo
+            # can put the password where a port or host is expected.
             raise ConfigurationError(
-                f"singlebeat_url: cannot parse the database URL (...@{shown}): {exc}. "
+                f"singlebeat_url: cannot parse the database URL {_masked(str(raw_url))!r}. "
                 "Expected an SQLAlchemy URL such as postgresql+psycopg://user:pass@host/db"
             ) from None
         if not isinstance(url, URL):
@@ -150,9 +162,10 @@ class Settings:
             raise ConfigurationError(
                 f"singlebeat_lease={lease.total_seconds()}s: must be at least 1 second"
             )
+        # 0 is Celery's default for beat_max_loop_interval and means "the scheduler's own".
         loop = max_loop_interval or conf.get("beat_max_loop_interval")
         max_loop = (
-            DEFAULT_MAX_LOOP_INTERVAL if loop is None else _duration("beat_max_loop_interval", loop)
+            DEFAULT_MAX_LOOP_INTERVAL if not loop else _duration("beat_max_loop_interval", loop)
         )
         if lease <= max_loop:
             raise ConfigurationError(

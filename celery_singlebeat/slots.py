@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Any, Protocol
@@ -56,6 +57,9 @@ class SlotSequence(Protocol):
     def latest_at_or_before(self, instant_us: int) -> int | None:
         """The last slot at or before ``instant_us`` (None: none, or unknown)."""
 
+    def count_between(self, first_us: int, last_us: int) -> int | None:
+        """How many slots fall in ``[first_us, last_us]`` (None: only by walking them)."""
+
 
 @dataclass(frozen=True)
 class IntervalSequence:
@@ -74,6 +78,11 @@ class IntervalSequence:
         k = (instant_us - self.anchor_us) // self.period_us
         return self.anchor_us + k * self.period_us if k >= 1 else None
 
+    def count_between(self, first_us: int, last_us: int) -> int:
+        k_first = max(1, -((self.anchor_us - first_us) // self.period_us))
+        k_last = (last_us - self.anchor_us) // self.period_us
+        return max(0, k_last - k_first + 1)
+
 
 @dataclass(frozen=True)
 class CronSequence:
@@ -87,6 +96,9 @@ class CronSequence:
     def latest_at_or_before(self, instant_us: int) -> int | None:
         return self.fields.latest_at_or_before(instant_us)
 
+    def count_between(self, first_us: int, last_us: int) -> int:
+        return self.fields.count_between(first_us, last_us)
+
 
 class EstimateSequence:
     """Slots of any other schedule, from ``remaining_estimate`` as of an instant."""
@@ -95,21 +107,33 @@ class EstimateSequence:
         self.schedule = schedule
 
     def next_after(self, instant_us: int) -> int | None:
+        slot = self._event_us(instant_us)
+        if slot <= instant_us:
+            # The event rounded down onto ``instant_us``: it is the slot that
+            # ``instant_us`` already stands for (asked again from there, the schedule
+            # finds the same sunrise), so the next slot is the event after it.
+            slot = self._event_us(instant_us + US)
+        return slot if slot > instant_us else (instant_us // US + 1) * US
+
+    def _event_us(self, instant_us: int) -> int:
+        """The schedule's next event as of ``instant_us``, to the nearest second."""
         at = us_to_datetime(instant_us)
         pinned = copy.copy(self.schedule)
         pinned.nowfun = lambda: at  # type: ignore[attr-defined]
         try:
             delta = pinned.remaining_estimate(at)  # type: ignore[attr-defined]
         except Exception as exc:  # user schedules may raise anything
-            raise ScheduleError(f"{self.schedule!r}.remaining_estimate failed: {exc}") from exc
+            raise ScheduleError(f"{self.schedule!r}.remaining_estimate failed: {exc!r}") from exc
         # The event is an absolute instant (e.g. the next sunrise after ``at``);
         # rounding it to the nearest second lets replicas that start from
         # different instants, or compute it with float noise, agree on the key.
         target = datetime_to_us(at + delta)
-        nearest = (target + US // 2) // US * US
-        return nearest if nearest > instant_us else (instant_us // US + 1) * US
+        return (target + US // 2) // US * US
 
     def latest_at_or_before(self, instant_us: int) -> int | None:
+        return None
+
+    def count_between(self, first_us: int, last_us: int) -> None:
         return None
 
 
@@ -177,55 +201,49 @@ def plan_due(
     dropped, and the first slot after ``now_us`` (the entry's next due time).
     """
     keep = max(policy.max_missed, 1)
+    cutoff = now_us - policy.grace_us  # a slot before this is missed
     at = next_us
     missed_count = 0
     missed_first: int | None = None
-    missed_tail: list[int] = []
-    on_time: list[int] = []
-    if at is not None and at <= now_us - policy.grace_us:
+    # The latest missed slots, ascending: the ``keep`` that "all" may send and the
+    # one before them, which is the last skipped slot when they are sent.
+    recent: deque[int] = deque(maxlen=keep + 1)
+    if at is not None and at < cutoff:
         missed_first = at
-        # After a long outage, jump to the last ``keep`` missed slots instead of
-        # walking every one of them; count what the jump passes over.
-        if isinstance(sequence, IntervalSequence):
-            last_missed = now_us - policy.grace_us - 1
-            passed = (last_missed - at) // sequence.period_us + 1 - keep
-            if passed > 0:
-                missed_count += passed
-                at += passed * sequence.period_us
-    walked = 0
-    while at is not None and at <= now_us:
-        if now_us - at > policy.grace_us:
-            walked += 1
-            if walked > _MAX_WALK:
-                # A crontab missed for very long: jump to its latest missed slot.
-                latest = sequence.latest_at_or_before(now_us - policy.grace_us - 1)
-                if latest is not None and latest > at:
-                    missed_count += 1
-                    at = latest
-                    walked = 0
-                    continue
-            missed_count += 1
-            missed_tail.append(at)
-            if len(missed_tail) > keep:
-                missed_tail.pop(0)
+        last = sequence.latest_at_or_before(cutoff - 1)
+        counted = None if last is None or last < at else sequence.count_between(at, last)
+        if counted is not None and last is not None:
+            # An outage may have missed millions of slots: count them and step back
+            # from the latest one, instead of visiting each.
+            missed_count = counted
+            recent.appendleft(last)
+            while len(recent) < min(counted, keep + 1):
+                previous = sequence.latest_at_or_before(recent[0] - 1)
+                if previous is None or previous < at:
+                    break
+                recent.appendleft(previous)
+            at = sequence.next_after(last)
         else:
-            on_time.append(at)
+            while at is not None and at < cutoff:
+                missed_count += 1
+                recent.append(at)
+                at = sequence.next_after(at)
+    on_time: list[int] = []
+    while at is not None and at <= now_us:
+        on_time.append(at)
         at = sequence.next_after(at)
-    propose: list[int]
+    sent: list[int]
     if policy.mode == "all":
-        propose = missed_tail + on_time
-    elif policy.mode == "coalesce" and missed_tail and not on_time:
-        propose = [missed_tail[-1]]
+        sent = list(recent)[-keep:]
+    elif policy.mode == "coalesce" and recent and not on_time:
+        sent = [recent[-1]]
     else:
-        propose = on_time
-    skipped = missed_count - (len(propose) - len(on_time))
+        sent = []
+    skipped = missed_count - len(sent)
     return Plan(
-        propose=propose,
+        propose=sent + on_time,
         skipped=skipped,
         skipped_first_us=missed_first if skipped else None,
-        skipped_last_us=missed_tail[-1] if skipped and missed_tail else None,
+        skipped_last_us=recent[-len(sent) - 1] if skipped else None,
         next_us=at,
     )
-
-
-_MAX_WALK = 10_000
