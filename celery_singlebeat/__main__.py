@@ -2,4 +2,5 @@
 
 from .cli import singlebeat
 
-singlebeat(prog_name="python -m celery_singlebeat")
+if __name__ == "__main__":
+    singlebeat(prog_name="python -m celery_singlebeat")

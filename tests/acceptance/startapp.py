@@ -1,0 +1,84 @@
+"""A Celery app for the start-up acceptance tests (``test_startup.py``), run by
+real ``celery -A startapp beat`` processes and configured through environment
+variables, so each test can break exactly one thing:
+
+* ``SB_BROKER``: broker URL (default ``memory://``: nothing to connect to)
+* ``SB_QUEUE``: the queue the probe task is routed to
+* ``SB_URL``/``SB_PREFIX``: singlebeat_url and table prefix (unset: the defaults)
+* ``SB_LOOP``/``SB_LEASE``: beat_max_loop_interval and singlebeat_lease, seconds
+* ``SB_POLICY``: singlebeat_missed_policy; ``SB_CREATE_SCHEMA``: ``0`` turns
+  singlebeat_create_schema off
+* ``SB_ENTRY``: the one schedule entry: ``ok`` (every ``SB_EVERY`` seconds),
+  ``bad-policy`` (an unknown per-entry missed-run policy), ``long-name`` (a name
+  longer than 255 bytes) or ``opaque`` (a schedule object we cannot coordinate)
+* ``SB_START_AT``: a Unix time; beat waits for it after start-up and before its
+  first tick, so processes started together reach the database together
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Celery, signals
+from celery.schedules import BaseSchedule
+
+
+class OpaqueSchedule(BaseSchedule):  # type: ignore[misc]
+    """A schedule that only says "due or not": no instants replicas could agree on."""
+
+    def is_due(self, last_run_at: datetime) -> tuple[bool, float]:
+        return False, 60.0
+
+
+app = Celery("startapp", broker=os.environ.get("SB_BROKER", "memory://"))
+
+_kind = os.environ.get("SB_ENTRY", "ok")
+_entry: dict[str, Any] = {
+    "task": "startapp.probe",
+    "schedule": timedelta(seconds=float(os.environ.get("SB_EVERY", "1"))),
+    "options": {"queue": os.environ.get("SB_QUEUE", "startup")},
+}
+_name = "probe"
+if _kind == "bad-policy":
+    _entry["options"]["singlebeat_missed_policy"] = "bogus"
+elif _kind == "long-name":
+    _name = "n" * 256
+elif _kind == "opaque":
+    _entry["schedule"] = OpaqueSchedule()
+
+_conf: dict[str, Any] = {
+    "beat_scheduler": "celery_singlebeat.SingleBeatScheduler",
+    "beat_max_loop_interval": float(os.environ.get("SB_LOOP", "1")),
+    "beat_schedule": {_name: _entry},
+    "broker_connection_retry_on_startup": True,
+    "singlebeat_lease": float(os.environ.get("SB_LEASE", "15")),
+    "singlebeat_create_schema": os.environ.get("SB_CREATE_SCHEMA", "1") != "0",
+}
+for _setting, _var in (
+    ("singlebeat_url", "SB_URL"),
+    ("singlebeat_table_prefix", "SB_PREFIX"),
+    ("singlebeat_missed_policy", "SB_POLICY"),
+):
+    if _var in os.environ:
+        _conf[_setting] = os.environ[_var]
+app.conf.update(_conf)
+
+
+@app.task(name="startapp.probe")
+def probe() -> None:
+    """What beat sends; the tests read the broker's queue, no worker runs it."""
+
+
+@signals.beat_init.connect
+def _start_together(**_: object) -> None:
+    # beat_init comes after the scheduler is built and before its first tick,
+    # which is when it creates the schema: the moment the race test aims at.
+    start_at = float(os.environ.get("SB_START_AT", "0"))
+    late = time.time() - start_at
+    if start_at and late < 0:
+        time.sleep(-late)
+    elif start_at:
+        print(f"SB-LATE {late:.3f}s", flush=True)
