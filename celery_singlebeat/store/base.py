@@ -113,7 +113,9 @@ class Store(ABC):
         Only rows with this ``owner``, the same fence and ``state = 0`` change;
         a claim missing from the result was taken over (its lease ran out
         before we confirmed), and the taker publishes it again with the same
-        task id.
+        task id. A claim this owner already confirmed is returned again, so a
+        confirm retried after its answer was lost reports it as ours.
+        Duplicates in ``claims`` count once.
         """
 
     @abstractmethod
@@ -124,6 +126,9 @@ class Store(ABC):
     @abstractmethod
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         """Claim up to ``limit`` abandoned rows (oldest slots first) for ``owner``.
+
+        "Oldest" orders by ``slot_us`` across all entries (ties by entry name),
+        and the result comes in that order.
 
         Each row passes to ``owner`` with its fence grown by one and a new lease.
         Concurrent callers never receive the same row.

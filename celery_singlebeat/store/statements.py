@@ -98,7 +98,7 @@ POSTGRESQL = Dialect(
         victims AS (
             SELECT s.entry, s.slot_us FROM {{s}} s
             WHERE s.state = 0 AND s.lease_until_us < (SELECT us FROM n)
-            ORDER BY s.entry, s.slot_us
+            ORDER BY s.slot_us, s.entry
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
         ),
@@ -113,10 +113,10 @@ POSTGRESQL = Dialect(
     confirm=f"""
         WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
         done AS (
-            UPDATE {{s}} s SET state = 1, sent_us = n.us
+            UPDATE {{s}} s SET state = 1, sent_us = COALESCE(s.sent_us, n.us)
             FROM {_PG_SLOTS}, n
             WHERE s.entry = c.entry AND s.slot_us = c.slot_us AND s.fence = c.fence
-              AND s.owner = :owner AND s.state = 0
+              AND s.owner = :owner
             RETURNING s.entry, s.slot_us, s.fence
         )
         SELECT n.us, done.entry, done.slot_us, done.fence FROM n LEFT JOIN done ON true""",
@@ -190,14 +190,14 @@ MYSQL = Dialect(
         UPDATE {{s}} SET batch = :batch, owner = :owner, fence = fence + 1,
             lease_until_us = {_MY_NOW} + :lease_us, claimed_us = {_MY_NOW}
         WHERE state = 0 AND lease_until_us < {_MY_NOW}
-        ORDER BY entry, slot_us
+        ORDER BY slot_us, entry
         LIMIT :limit""",
     confirm=f"""
         UPDATE {{s}} s JOIN {_MY_SLOTS}
             ON s.entry = c.entry COLLATE utf8mb4_bin AND s.slot_us = c.slot_us
                AND s.fence = c.fence
-        SET s.state = 1, s.sent_us = {_MY_NOW}
-        WHERE s.owner = :owner AND s.state = 0""",
+        SET s.state = 1, s.sent_us = COALESCE(s.sent_us, {_MY_NOW})
+        WHERE s.owner = :owner""",
     select_batch=f"""
         SELECT {_MY_NOW}, s.entry, s.slot_us, s.fence, s.state
         FROM (SELECT 1 AS one) d LEFT JOIN {{s}} s ON s.batch = :batch AND s.owner = :owner""",
@@ -262,11 +262,11 @@ SQLITE = Dialect(
             lease_until_us = {_LITE_NOW} + :lease_us, claimed_us = {_LITE_NOW}
         WHERE rowid IN (
             SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {_LITE_NOW}
-            ORDER BY entry, slot_us LIMIT :limit)
+            ORDER BY slot_us, entry LIMIT :limit)
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     confirm=f"""
-        UPDATE {{s}} SET state = 1, sent_us = {_LITE_NOW}
-        WHERE owner = :owner AND state = 0 AND (entry, slot_us, fence) IN (
+        UPDATE {{s}} SET state = 1, sent_us = COALESCE(sent_us, {_LITE_NOW})
+        WHERE owner = :owner AND (entry, slot_us, fence) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                    json_extract(value, '$[2]') FROM json_each(:slots))
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",

@@ -1,0 +1,382 @@
+"""An in-memory store and scheduler for your own tests: no database needed.
+
+:class:`MemoryStore` implements the whole storage contract
+(:class:`~celery_singlebeat.store.base.Store`) in process memory and passes
+the same contract suite as the SQL store. Several schedulers sharing one
+``MemoryStore`` behave like replicas sharing one database, so a test can show
+that each slot is sent once without starting PostgreSQL. Time comes from a
+clock you control (:class:`FakeClock`), so a test moves time by hand instead
+of sleeping.
+
+Typical use, with Celery's in-memory broker::
+
+    from datetime import timedelta
+    from celery import Celery
+    from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
+
+    app = Celery("proj", broker="memory://")
+    app.conf.beat_schedule = {"ping": {"task": "proj.ping", "schedule": 10.0}}
+
+    clock = FakeClock()
+    store = MemoryStore(now_us=clock)
+    replica_a = MemoryScheduler(app, store=store)
+    replica_b = MemoryScheduler(app, store=store)
+
+    replica_a.tick()            # first tick: checks the schema, registers entries
+    replica_b.tick()
+    clock.advance(timedelta(seconds=10))
+    replica_a.tick()            # wins the slot and publishes it
+    replica_b.tick()            # loses it: sends nothing
+    assert replica_a.stats["sent"] + replica_b.stats["sent"] == 1
+
+``store.available = False`` simulates a database outage (every operation
+raises :class:`~celery_singlebeat.exceptions.StoreUnavailable`), and
+:meth:`MemoryStore.slot_rows` shows what the "database" holds.
+
+To run a real ``celery beat`` process against it (one process only, since
+memory is not shared between processes), set
+``beat_scheduler = "celery_singlebeat.testing.MemoryScheduler"``; put a store in
+``app.conf.singlebeat_memory_store`` to choose it, otherwise each scheduler
+gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, NamedTuple
+
+from .clock import DatabaseClock, datetime_to_us, us_to_datetime
+from .exceptions import SchemaError, StoreUnavailable
+from .scheduler import SingleBeatScheduler
+from .store.base import Claim, EntryState, SlotKey, Store
+from .store.schema import SCHEMA_VERSION
+
+__all__ = ["FakeClock", "MemoryScheduler", "MemoryStore", "SlotRow"]
+
+#: FakeClock's default start: a whole second, so slot instants are round numbers.
+DEFAULT_START = datetime(2024, 1, 10, 12, 0, 0, tzinfo=timezone.utc)
+
+
+class FakeClock:
+    """A clock for tests: it stands still until :meth:`advance` moves it.
+
+    Calling it returns the current instant in microseconds since the epoch,
+    which is what :class:`MemoryStore` expects as ``now_us``.
+    """
+
+    def __init__(self, start: datetime = DEFAULT_START) -> None:
+        self._now_us = datetime_to_us(start)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        """The current instant, microseconds since the Unix epoch (UTC)."""
+        return self._now_us
+
+    def now(self) -> datetime:
+        """The current instant as an aware UTC datetime."""
+        return us_to_datetime(self._now_us)
+
+    def advance(self, delta: timedelta) -> datetime:
+        """Move the clock forward by ``delta``; returns the new instant."""
+        step = int(delta / timedelta(microseconds=1))
+        if step < 0:
+            raise ValueError(f"advance({delta!r}): a clock only moves forward")
+        with self._lock:
+            self._now_us += step
+        return self.now()
+
+    def set(self, when: datetime) -> None:
+        """Jump to ``when`` (an aware datetime), forward or backward."""
+        with self._lock:
+            self._now_us = datetime_to_us(when)
+
+
+class SlotRow(NamedTuple):
+    """A snapshot of one slot row, as :meth:`MemoryStore.slot_rows` reports it."""
+
+    entry: str
+    slot_us: int
+    #: 0 claimed, 1 sent (confirmed).
+    state: int
+    owner: str
+    fence: int
+    lease_until_us: int
+    claimed_us: int
+    sent_us: int | None
+
+
+@dataclass
+class _Row:
+    state: int
+    owner: str
+    fence: int
+    lease_until_us: int
+    claimed_us: int
+    sent_us: int | None = None
+
+
+@dataclass
+class _Entry:
+    anchor_us: int
+    #: the high-water mark: raised by prune, see the Store contract.
+    last_slot_us: int | None = None
+
+
+class _FollowingClock(DatabaseClock):
+    """A DatabaseClock whose "local wall clock" is the store's own time source,
+    so between round trips the scheduler sees exactly the time the test set."""
+
+    def __init__(self, source: Callable[[], int]) -> None:
+        super().__init__()
+        self._source = source
+
+    def local_us(self) -> int:
+        return self._source()
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+class MemoryStore(Store):
+    """The storage contract in process memory, shared by threads.
+
+    ``now_us`` is the "database" clock (default: the real wall clock); pass a
+    :class:`FakeClock` to control time. Every decision is taken under one lock,
+    so concurrent callers (threads, or several schedulers in one process)
+    see the same atomicity a database gives. Each operation counts as one
+    round trip in :attr:`round_trips` and feeds :attr:`clock`, like the SQL
+    store.
+
+    ``clock`` replaces the :class:`~celery_singlebeat.clock.DatabaseClock`
+    the store keeps in sync; by default it follows ``now_us`` exactly.
+    """
+
+    def __init__(
+        self,
+        now_us: Callable[[], int] | None = None,
+        *,
+        clock: DatabaseClock | None = None,
+    ) -> None:
+        self._now_us: Callable[[], int] = now_us or _wall_us
+        self.clock = clock if clock is not None else _FollowingClock(self._now_us)
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._slots: dict[SlotKey, _Row] = {}
+        self._prune_next_us = 0
+        #: the schema version "in the database"; None until prepare(create=True).
+        #: Set it above the supported version to test the upgrade refusal.
+        self.schema_version: int | None = None
+        #: False simulates an outage: every operation raises StoreUnavailable.
+        self.available = True
+        #: operations that reached the "database" (one round trip each).
+        self.round_trips = 0
+
+    # -- test helpers ------------------------------------------------------
+
+    @contextmanager
+    def outage(self) -> Iterator[None]:
+        """Make the store unavailable inside the ``with`` block."""
+        self.available = False
+        try:
+            yield
+        finally:
+            self.available = True
+
+    def slot_rows(self) -> list[SlotRow]:
+        """Every slot row, ordered by ``(entry, slot_us)`` (not a round trip)."""
+        with self._lock:
+            return [
+                SlotRow(
+                    key.entry,
+                    key.slot_us,
+                    row.state,
+                    row.owner,
+                    row.fence,
+                    row.lease_until_us,
+                    row.claimed_us,
+                    row.sent_us,
+                )
+                for key, row in sorted(self._slots.items())
+            ]
+
+    # -- plumbing ----------------------------------------------------------
+
+    @contextmanager
+    def _round_trip(self, what: str, *, schema: bool = True) -> Iterator[int]:
+        """Hold the lock for one atomic decision and yield the store's ``now``."""
+        with self._lock:
+            if not self.available:
+                raise StoreUnavailable(f"{what} failed: the memory store is unavailable")
+            if schema and self.schema_version is None:
+                # what a SQL database answers for a missing table
+                raise StoreUnavailable(f"{what} failed: no schema (call prepare first)")
+            self.round_trips += 1
+            now = self._now_us()
+            local = self.clock.local_us()
+            self.clock.observe(now, local, local)
+            yield now
+
+    # -- Store -------------------------------------------------------------
+
+    def prepare(self, create: bool) -> None:
+        """See :meth:`Store.prepare`; ``create`` sets :attr:`schema_version`."""
+        with self._round_trip("schema check", schema=False):
+            if self.schema_version is None:
+                if not create:
+                    raise SchemaError(
+                        "tables missing (memory store) and singlebeat_create_schema is False: "
+                        "create them with `celery -A proj singlebeat create-schema` "
+                        "(or celery_singlebeat.create_schema(app)) using a privileged user"
+                    )
+                self.schema_version = SCHEMA_VERSION
+            if self.schema_version > SCHEMA_VERSION:
+                raise SchemaError(
+                    f"the database schema is version {self.schema_version}, newer than this "
+                    f"celery-singlebeat understands ({SCHEMA_VERSION}): upgrade the package "
+                    "on every replica"
+                )
+
+    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+        """See :meth:`Store.register`."""
+        with self._round_trip("register entries") as now:
+            wanted = set(names)
+            for name in sorted(wanted):
+                self._entries.setdefault(name, _Entry(anchor_us=now))
+            latest: dict[str, int] = {}
+            for key in self._slots:
+                if key.entry in wanted and key.slot_us > latest.get(key.entry, -1):
+                    latest[key.entry] = key.slot_us
+            out: dict[str, EntryState] = {}
+            for name in wanted:
+                entry = self._entries[name]
+                candidates = [
+                    v for v in (entry.last_slot_us, latest.get(name)) if v is not None and v >= 0
+                ]
+                out[name] = EntryState(name, entry.anchor_us, max(candidates, default=None))
+            return out
+
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+        """See :meth:`Store.claim`."""
+        if not slots:
+            return []
+        with self._round_trip("claim") as now:
+            won: list[Claim] = []
+            for key in sorted({SlotKey(s.entry, s.slot_us) for s in slots}):
+                entry = self._entries.get(key.entry)
+                mark = -1 if entry is None or entry.last_slot_us is None else entry.last_slot_us
+                if entry is None or key.slot_us <= mark:
+                    continue
+                row = self._slots.get(key)
+                if row is None:
+                    self._slots[key] = _Row(0, owner, 1, now + lease_us, now)
+                    won.append(Claim(key.entry, key.slot_us, 1))
+                elif row.state == 0 and row.lease_until_us < now:
+                    row.owner, row.fence = owner, row.fence + 1
+                    row.lease_until_us, row.claimed_us = now + lease_us, now
+                    won.append(Claim(key.entry, key.slot_us, row.fence))
+            return won
+
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        """See :meth:`Store.confirm`."""
+        if not claims:
+            return []
+        with self._round_trip("confirm") as now:
+            done: list[Claim] = []
+            for claim in dict.fromkeys(claims):
+                row = self._slots.get(claim.key)
+                if row is None or row.owner != owner or row.fence != claim.fence:
+                    continue
+                if row.state == 0:
+                    row.state, row.sent_us = 1, now
+                # already sent by this owner: a retried confirm, still ours
+                done.append(claim)
+            return done
+
+    def release(self, owner: str, claims: Sequence[Claim]) -> None:
+        """See :meth:`Store.release`."""
+        if not claims:
+            return
+        with self._round_trip("release"):
+            for claim in claims:
+                row = self._slots.get(claim.key)
+                if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
+                    row.lease_until_us = 0
+
+    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        """See :meth:`Store.take_over`."""
+        with self._round_trip("take over") as now:
+            abandoned = sorted(
+                (
+                    key
+                    for key, row in self._slots.items()
+                    if row.state == 0 and row.lease_until_us < now
+                ),
+                key=lambda k: (k.slot_us, k.entry),
+            )
+            taken: list[Claim] = []
+            for key in abandoned[: max(limit, 0)]:
+                row = self._slots[key]
+                row.owner, row.fence = owner, row.fence + 1
+                row.lease_until_us, row.claimed_us = now + lease_us, now
+                taken.append(Claim(key.entry, key.slot_us, row.fence))
+            return taken
+
+    def prune(self, retention_us: int, every_us: int) -> int | None:
+        """See :meth:`Store.prune`; the slot instant tells a row's age."""
+        with self._round_trip("prune") as now:
+            if self._prune_next_us > now:
+                return None
+            self._prune_next_us = now + every_us
+            cutoff = now - retention_us
+            old = [k for k, row in self._slots.items() if row.state == 1 and k.slot_us < cutoff]
+            for key in old:
+                entry = self._entries.get(key.entry)
+                if entry is not None and (
+                    entry.last_slot_us is None or entry.last_slot_us < key.slot_us
+                ):
+                    entry.last_slot_us = key.slot_us
+            for key in old:
+                del self._slots[key]
+            return len(old)
+
+    def ping(self) -> int:
+        """See :meth:`Store.ping`."""
+        with self._round_trip("ping", schema=False) as now:
+            return now
+
+    def close(self) -> None:
+        """Nothing to release; the data stays, for other replicas sharing the store."""
+
+
+class MemoryScheduler(SingleBeatScheduler):
+    """A :class:`~celery_singlebeat.SingleBeatScheduler` that coordinates through a
+    :class:`MemoryStore` instead of a SQL database.
+
+    The store is the ``store`` argument, else ``app.conf.singlebeat_memory_store``,
+    else a new private one. Schedulers given the same store act as replicas
+    sharing one database. Everything else (settings, policies, publishing) is
+    the real scheduler's; its log lines still name ``singlebeat_url``, which is
+    never opened.
+    """
+
+    def __init__(
+        self, app: Any, *args: Any, store: MemoryStore | None = None, **kwargs: Any
+    ) -> None:
+        configured = app.conf.get("singlebeat_memory_store")
+        #: the store this scheduler coordinates through.
+        self.memory_store: MemoryStore = store or configured or MemoryStore()
+        super().__init__(app, *args, **kwargs)
+
+    @property
+    def info(self) -> str:
+        """The banner line ``celery beat`` prints."""
+        return f"    . singlebeat -> in-memory store\n    . replica -> {self.settings.replica_id}"
+
+    def _open_store(self) -> Store:
+        return self.memory_store

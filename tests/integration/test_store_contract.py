@@ -1,0 +1,502 @@
+"""The storage contract (``celery_singlebeat/store/base.py``), one suite for every backend.
+
+Runs against the in-memory store, SQLite (a file), PostgreSQL and MariaDB.
+Time is the backend's own clock: tests that need a lease to run out use a short
+lease and poll ``ping()`` until the database's clock has passed it, so the
+same test body works where the test cannot move the database's time.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+from celery_singlebeat.clock import US
+from celery_singlebeat.exceptions import SchemaError
+from celery_singlebeat.store.base import Claim, SlotKey, Store
+from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
+from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.testing import MemoryStore
+
+T = TypeVar("T")
+
+LONG_LEASE = 60 * US
+#: long enough to see a live lease, short enough to wait for its end
+SHORT_LEASE = 50_000
+
+#: statements one claim costs, whatever the number of slots
+ROUND_TRIPS = {"memory": 1, "sqlite": 1, "postgres": 1, "mysql": 2}
+
+
+@dataclass
+class Backend:
+    """One database under test, with a fresh table prefix."""
+
+    kind: str
+    url: str | None
+    prefix: str
+    memory: MemoryStore | None = None
+    opened: list[SqlStore] = field(default_factory=list)
+
+    def open(self) -> Store:
+        """A new store instance on the shared database (a replica's view).
+
+        The memory "database" is the store object itself, so every replica
+        shares the one instance.
+        """
+        if self.memory is not None:
+            return self.memory
+        assert self.url is not None
+        store = SqlStore(make_url(self.url), table_prefix=self.prefix)
+        self.opened.append(store)
+        return store
+
+    def ready(self) -> Store:
+        """A store whose schema exists."""
+        store = self.open()
+        store.prepare(create=True)
+        return store
+
+    def set_schema_version(self, version: int) -> None:
+        """What a newer release would have written into the meta table."""
+        if self.memory is not None:
+            self.memory.schema_version = version
+            return
+        assert self.url is not None
+        tables = Tables(self.prefix)
+        engine = create_engine(make_url(self.url))
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    tables.meta.update()
+                    .where(tables.meta.c.key == "schema_version")
+                    .values(value_us=version)
+                )
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "mysql"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: object, table_prefix: str
+) -> Iterator[Backend]:
+    kind = request.param
+    if kind == "memory":
+        yield Backend(kind, None, table_prefix, memory=MemoryStore())
+        return
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/singlebeat.sqlite"
+    else:
+        # the shared fixtures skip (locally) or fail (CI) when the service is down
+        url = request.getfixturevalue("pg_url" if kind == "postgres" else "mysql_url")
+    backend = Backend(kind, url, table_prefix)
+    yield backend
+    # every engine here has a QueuePool (SQLite files too, in SQLAlchemy 2)
+    leaked = [s.engine.pool.checkedout() for s in backend.opened]  # type: ignore[attr-defined]
+    for store in backend.opened:
+        store.close()
+    engine = create_engine(make_url(url))
+    try:
+        Tables(table_prefix).metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+    assert leaked == [0] * len(leaked), "a pooled connection was left checked out"
+
+
+def wait_db_past(store: Store, instant_us: int, timeout: float = 5.0) -> None:
+    """Poll the database's clock until it is later than ``instant_us``."""
+    deadline = time.monotonic() + timeout
+    while store.ping() <= instant_us:
+        assert time.monotonic() < deadline, "database clock did not reach the instant"
+        time.sleep(0.005)
+
+
+def claim_expiring(store: Store, owner: str, slots: list[SlotKey]) -> list[Claim]:
+    """Claim with a short lease and return once every won lease has run out."""
+    won = store.claim(owner, slots, SHORT_LEASE)
+    # ping() after the claim is no earlier than the claim's "now"
+    wait_db_past(store, store.ping() + SHORT_LEASE)
+    return won
+
+
+def run_together(workers: list[Callable[[], T]], timeout: float = 60.0) -> list[T]:
+    """Run the callables in threads released at the same instant; re-raise errors."""
+    barrier = threading.Barrier(len(workers))
+    results: list[T | None] = [None] * len(workers)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout)
+            results[i] = workers[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), "a worker thread hung"
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+# -- prepare ------------------------------------------------------------------
+
+
+def test_prepare_is_idempotent(backend: Backend) -> None:
+    first = backend.ready()
+    first.prepare(create=True)
+    again = backend.open()
+    again.prepare(create=True)
+    again.prepare(create=False)
+    assert set(again.register(["e"])) == {"e"}
+
+
+def test_threads_preparing_an_empty_schema_at_once_all_succeed(backend: Backend) -> None:
+    stores = [backend.open() for _ in range(3)]
+    for store in stores:
+        store.ping()  # connect first, so the threads race on the DDL itself
+
+    def prepare(store: Store) -> Callable[[], bool]:
+        def run() -> bool:
+            store.prepare(create=True)
+            return True
+
+        return run
+
+    assert run_together([prepare(s) for s in stores]) == [True, True, True]
+    checker = backend.open()
+    checker.prepare(create=False)
+    assert checker.claim("x", [SlotKey("e", 1)], LONG_LEASE) == []  # usable, e unregistered
+
+
+_PREPARE_IN_CHILD = """
+import sys
+from sqlalchemy.engine import make_url
+from celery_singlebeat.store.sql import SqlStore
+
+store = SqlStore(make_url(sys.argv[1]), table_prefix=sys.argv[2])
+store.ping()
+print("ready", flush=True)
+sys.stdin.readline()  # the parent releases every child at once
+store.prepare(create=True)
+store.close()
+print("prepared", flush=True)
+"""
+
+
+def test_processes_preparing_an_empty_schema_at_once_all_succeed(backend: Backend) -> None:
+    if backend.url is None:
+        pytest.skip("an in-memory store cannot be shared between processes")
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_PREPARE_IN_CHILD), backend.url, backend.prefix],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        outcomes = [child.communicate(timeout=60) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    for child, (out, err) in zip(children, outcomes):
+        assert child.returncode == 0, err
+        assert out.strip() == "prepared"
+    backend.open().prepare(create=False)
+
+
+def test_prepare_without_create_on_an_empty_database_names_the_setting(backend: Backend) -> None:
+    store = backend.open()
+    with pytest.raises(SchemaError, match="singlebeat_create_schema"):
+        store.prepare(create=False)
+
+
+def test_a_newer_schema_version_is_refused(backend: Backend) -> None:
+    backend.ready()
+    backend.set_schema_version(SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaError, match="newer"):
+        backend.open().prepare(create=True)
+
+
+# -- register -------------------------------------------------------------------
+
+
+def test_register_keeps_anchors_and_reports_the_latest_slot(backend: Backend) -> None:
+    store = backend.ready()
+    before = store.ping()
+    first = store.register(["a", "b"])
+    assert set(first) == {"a", "b"}
+    assert first["a"].last_slot_us is None
+    assert abs(first["a"].anchor_us - before) < 5 * US
+    wait_db_past(store, first["a"].anchor_us)
+
+    store.claim("r1", [SlotKey("a", 1_000), SlotKey("a", 3_000)], LONG_LEASE)
+    later = backend.open().register(["a", "c"])
+    assert set(later) == {"a", "c"}
+    assert later["a"].anchor_us == first["a"].anchor_us
+    assert later["a"].last_slot_us == 3_000
+    assert later["c"].anchor_us > first["a"].anchor_us
+    assert later["c"].last_slot_us is None
+    assert store.register([]) == {}
+
+
+# -- claim --------------------------------------------------------------------
+
+
+def test_concurrent_claimers_win_each_slot_exactly_once(backend: Backend) -> None:
+    setup = backend.ready()
+    setup.register(["alpha", "beta"])
+    slots = [SlotKey(name, k * US) for name in ("alpha", "beta") for k in range(1, 101)]
+    stores = [backend.open() for _ in range(8)]
+
+    def claimer(i: int, store: Store) -> Callable[[], list[Claim]]:
+        mine = slots[:]
+        random.Random(i).shuffle(mine)  # every claimer proposes in its own order
+
+        def run() -> list[Claim]:
+            return store.claim(f"replica-{i}", mine, LONG_LEASE)
+
+        return run
+
+    for store in stores:
+        store.ping()
+    results = run_together([claimer(i, s) for i, s in enumerate(stores)])
+    wins = Counter(c.key for won in results for c in won)
+    assert set(wins) == set(slots)
+    assert max(wins.values()) == 1
+    assert all(c.fence == 1 for won in results for c in won)
+
+
+def test_duplicates_count_once_and_unregistered_entries_are_never_won(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["known"])
+    won = store.claim(
+        "r1",
+        [SlotKey("known", 5), SlotKey("known", 5), SlotKey("unknown", 5), SlotKey("known", 5)],
+        LONG_LEASE,
+    )
+    assert won == [Claim("known", 5, 1)]
+    assert store.claim("r2", [SlotKey("unknown", 6)], LONG_LEASE) == []
+
+
+def test_a_live_lease_is_not_stolen(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    assert store.claim("r1", [SlotKey("e", 10)], LONG_LEASE) == [Claim("e", 10, 1)]
+    other = backend.open()
+    assert other.claim("r2", [SlotKey("e", 10)], LONG_LEASE) == []
+    assert store.claim("r1", [SlotKey("e", 10)], LONG_LEASE) == []
+    assert other.take_over("r2", LONG_LEASE, 10) == []
+
+
+def test_an_expired_lease_is_taken_by_claim_and_the_old_owner_cannot_confirm(
+    backend: Backend,
+) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    old = claim_expiring(store, "r1", [SlotKey("e", 10)])
+    assert old == [Claim("e", 10, 1)]
+    other = backend.open()
+    new = other.claim("r2", [SlotKey("e", 10), SlotKey("e", 20)], LONG_LEASE)
+    assert sorted(new) == [Claim("e", 10, 2), Claim("e", 20, 1)]
+    assert new[0].taken_over or new[1].taken_over
+    assert store.confirm("r1", old) == []
+    assert sorted(other.confirm("r2", new)) == sorted(new)
+
+
+def test_sent_rows_are_never_won_again(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    won = claim_expiring(store, "r1", [SlotKey("e", 10)])
+    # the lease ran out before the confirm: still ours, nobody took it
+    assert store.confirm("r1", won) == won
+    other = backend.open()
+    assert other.claim("r2", [SlotKey("e", 10)], LONG_LEASE) == []
+    assert other.take_over("r2", LONG_LEASE, 10) == []
+
+
+# -- confirm / release ----------------------------------------------------------
+
+
+def test_confirm_needs_the_owner_and_the_fence(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    [claim] = store.claim("r1", [SlotKey("e", 10)], LONG_LEASE)
+    assert store.confirm("r2", [claim]) == []
+    assert store.confirm("r1", [claim._replace(fence=2)]) == []
+    assert store.confirm("r1", [claim, claim]) == [claim]
+    # a repeated confirm (an answer lost in an outage) still reports it as ours
+    assert store.confirm("r1", [claim]) == [claim]
+    assert store.confirm("r2", [claim]) == []
+
+
+def test_release_lets_another_replica_take_over_at_once(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    claims = store.claim("r1", [SlotKey("e", 10), SlotKey("e", 20)], LONG_LEASE)
+    other = backend.open()
+    other.release("r2", claims)  # not its claims: untouched
+    store.release("r1", [claims[0]._replace(fence=7)])  # stale fence: untouched
+    assert other.take_over("r2", LONG_LEASE, 10) == []
+
+    store.release("r1", [Claim("e", 10, 1)])
+    taken = other.take_over("r2", LONG_LEASE, 10)
+    assert taken == [Claim("e", 10, 2)]
+    assert store.confirm("r1", [Claim("e", 10, 1)]) == []
+    assert other.confirm("r2", taken) == taken
+
+
+# -- take_over ------------------------------------------------------------------
+
+
+def test_take_over_respects_the_limit_oldest_slots_first(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["a", "b", "c"])
+    slots = [
+        SlotKey("a", 300),
+        SlotKey("a", 400),
+        SlotKey("b", 100),
+        SlotKey("b", 200),
+        SlotKey("c", 500),
+        SlotKey("c", 600),
+    ]
+    claim_expiring(store, "dead", slots)
+    other = backend.open()
+    first = other.take_over("r2", LONG_LEASE, 3)
+    assert sorted(c.slot_us for c in first) == [100, 200, 300]
+    rest = other.take_over("r3", LONG_LEASE, 10)
+    assert sorted(c.slot_us for c in rest) == [400, 500, 600]
+    assert all(c.fence == 2 and c.taken_over for c in first + rest)
+    assert other.take_over("r4", LONG_LEASE, 10) == []
+
+
+def test_concurrent_take_overs_never_return_the_same_row(backend: Backend) -> None:
+    store = backend.ready()
+    names = [f"e{i}" for i in range(6)]
+    store.register(names)
+    slots = [SlotKey(name, k) for name in names for k in range(1, 11)]
+    claim_expiring(store, "dead", slots)
+    stores = [backend.open() for _ in range(4)]
+    for s in stores:
+        s.ping()
+
+    def sweeper(i: int, s: Store) -> Callable[[], list[Claim]]:
+        def run() -> list[Claim]:
+            taken: list[Claim] = []
+            while batch := s.take_over(f"sweeper-{i}", LONG_LEASE, 7):
+                assert len(batch) <= 7
+                taken.extend(batch)
+            return taken
+
+        return run
+
+    results = run_together([sweeper(i, s) for i, s in enumerate(stores)])
+    counts = Counter(c.key for taken in results for c in taken)
+    assert set(counts) == set(slots)
+    assert max(counts.values()) == 1
+
+
+# -- prune ----------------------------------------------------------------------
+
+
+def test_prune_deletes_old_sent_rows_once_per_period_and_raises_the_mark(
+    backend: Backend,
+) -> None:
+    store = backend.ready()
+    store.register(["e", "quiet"])
+    now = store.ping()
+    hour = 3600 * US
+    old_claimed, old_sent, old_sent_2 = now - 3 * hour, now - 2 * hour, now - 2 * hour + US
+    recent = now - US
+    claimed = store.claim("r1", [SlotKey("e", old_claimed)], LONG_LEASE)
+    sent = store.claim("r1", [SlotKey("e", s) for s in (old_sent, old_sent_2, recent)], LONG_LEASE)
+    assert len(claimed) == 1 and len(sent) == 3
+    assert sorted(store.confirm("r1", sent)) == sorted(sent)
+
+    assert store.prune(hour, 60 * US) == 2
+    assert backend.open().prune(hour, 60 * US) is None  # another replica's turn is not due
+
+    # a pruned slot, and any slot at or below the mark, can never be won again
+    fresh = backend.open()
+    assert fresh.claim("r2", [SlotKey("e", old_sent_2)], LONG_LEASE) == []
+    assert fresh.claim("r2", [SlotKey("e", old_sent_2 - 5)], LONG_LEASE) == []
+    assert fresh.register(["e"])["e"].last_slot_us == recent
+    # the recent sent row survived: still not re-won
+    assert fresh.claim("r2", [SlotKey("e", recent)], LONG_LEASE) == []
+    # the old claimed row survived too: once released it can be taken over
+    store.release("r1", claimed)
+    assert fresh.take_over("r2", LONG_LEASE, 10) == [Claim("e", old_claimed, 2)]
+
+
+def test_prune_raises_the_mark_even_when_slot_rows_are_gone(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    now = store.ping()
+    slot = now - 7200 * US
+    won = store.claim("r1", [SlotKey("e", slot)], LONG_LEASE)
+    store.confirm("r1", won)
+    assert store.prune(3600 * US, 1) == 1
+    states = backend.open().register(["e"])
+    assert states["e"].last_slot_us == slot
+    assert store.claim("r2", [SlotKey("e", slot)], LONG_LEASE) == []
+    assert store.claim("r2", [SlotKey("e", slot + 1)], LONG_LEASE) == [Claim("e", slot + 1, 1)]
+
+
+# -- clock and cost ----------------------------------------------------------------
+
+
+def test_ping_returns_the_database_time_and_feeds_the_clock(backend: Backend) -> None:
+    store = backend.open()
+    local = time.time_ns() // 1000
+    db_now = store.ping()
+    # the services run on this machine: their clocks agree within a second
+    assert abs(db_now - local) < US
+    assert store.clock.synchronised
+    assert abs(store.clock.now_us() - db_now) < US
+
+
+def test_a_claim_costs_the_same_round_trips_whatever_its_size(backend: Backend) -> None:
+    store = backend.ready()
+    store.register(["e"])
+    store.claim("warm-up", [SlotKey("e", 1)], LONG_LEASE)
+    costs = []
+    base = 1_000_000
+    for size in (1, 100, 1000):
+        before = round_trips(store)
+        won = store.claim("r1", [SlotKey("e", base + k) for k in range(size)], LONG_LEASE)
+        costs.append(round_trips(store) - before)
+        assert len(won) == size
+        base += 10_000
+    assert costs == [ROUND_TRIPS[backend.kind]] * 3
+
+
+def round_trips(store: Store) -> int:
+    assert isinstance(store, (SqlStore, MemoryStore))
+    return store.round_trips

@@ -1,0 +1,345 @@
+"""The real ``SingleBeatScheduler`` loop, on an in-memory store whose clock the test moves.
+
+Schedulers publish through kombu's in-memory broker (``memory://``, shared by
+every connection in the process); each test declares its own queue and reads
+back the messages that really left the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu.messaging import Producer
+from kombu.simple import SimpleQueue
+
+from celery_singlebeat import ConfigurationError, SingleBeatScheduler
+from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
+from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
+
+TASK = "sbtest.probe"
+SECOND = timedelta(seconds=1)
+
+
+@dataclass
+class Sent:
+    """One message read back from the broker."""
+
+    entry: str
+    at_us: int
+    task_id: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+
+
+@dataclass
+class Harness:
+    """A Celery app on the memory broker, a fake clock and the store replicas share."""
+
+    app: Celery
+    queue: SimpleQueue
+    clock: FakeClock = field(default_factory=FakeClock)
+    store: MemoryStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = MemoryStore(now_us=self.clock)
+
+    @property
+    def t0_us(self) -> int:
+        return datetime_to_us(self.clock.now())
+
+    def replica(self, **kwargs: Any) -> MemoryScheduler:
+        return MemoryScheduler(self.app, store=self.store, **kwargs)
+
+    def drain(self) -> list[Sent]:
+        """Every message published since the last drain, in order."""
+        out: list[Sent] = []
+        while True:
+            try:
+                message = self.queue.get(block=False)  # type: ignore[no-untyped-call]
+            except self.queue.Empty:
+                return out
+            slot = message.headers[SLOT_HEADER]
+            out.append(
+                Sent(
+                    slot["entry"],
+                    slot["at_us"],
+                    message.headers["id"],
+                    message.headers,
+                    message.properties,
+                )
+            )
+
+
+def make_app(queue: str, schedule: dict[str, Any], **conf: Any) -> Celery:
+    app = Celery("sbtest", broker="memory://", set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        # no celery.backend_cleanup entry: the schedule is exactly the test's
+        result_expires=None,
+        timezone="UTC",
+        beat_max_loop_interval=1,
+        beat_schedule=schedule,
+        **conf,
+    )
+
+    @app.task(name=TASK, shared=False)  # type: ignore[untyped-decorator]
+    def probe(*args: Any) -> None:
+        """Never run: the tests only read what was published."""
+
+    return app
+
+
+def every(seconds: float, **options: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"task": TASK, "schedule": timedelta(seconds=seconds)}
+    if options:
+        entry["options"] = options
+    return entry
+
+
+@pytest.fixture
+def harness_for() -> Iterator[Callable[..., Harness]]:
+    """Build a Harness for a schedule and settings; its queue is closed afterwards."""
+    opened: list[tuple[Any, SimpleQueue]] = []
+
+    def build(schedule: dict[str, Any], **conf: Any) -> Harness:
+        queue_name = f"sb-{uuid.uuid4().hex[:10]}"
+        app = make_app(queue_name, schedule, **conf)
+        conn = app.connection_for_read()
+        # declared before any tick: the memory broker drops unroutable messages
+        queue = conn.SimpleQueue(queue_name, no_ack=True)
+        opened.append((conn, queue))
+        return Harness(app, queue)
+
+    yield build
+    for conn, queue in opened:
+        queue.close()  # type: ignore[no-untyped-call]
+        conn.release()
+
+
+class BrokenProducer(Producer):  # type: ignore[misc]
+    """A producer whose broker refuses every message."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("broker refused the message")
+
+
+# -- coordination -------------------------------------------------------------
+
+
+def test_two_replicas_sharing_a_store_never_send_the_same_slot(
+    harness_for: Callable[..., Harness],
+) -> None:
+    harness = harness_for({"fast": every(1), "slow": every(3), "odd": every(1.5)})
+    t0 = harness.t0_us
+    replicas = [harness.replica(), harness.replica()]
+    order = random.Random(7)
+    for _ in range(80):
+        # both see the same due slots; the order decides who proposes first
+        for replica in order.sample(replicas, 2):
+            replica.tick()
+        end = harness.t0_us
+        harness.clock.advance(SECOND / 4)
+
+    sent = harness.drain()
+    counts = Counter((m.entry, m.at_us) for m in sent)
+    assert max(counts.values()) == 1
+    expected = {
+        (name, t0 + k * period)
+        for name, period in (("fast", US), ("slow", 3 * US), ("odd", 3 * US // 2))
+        for k in range(1, 100)
+        if t0 + k * period <= end
+    }
+    assert set(counts) == expected
+    assert [r.stats["sent"] > 0 for r in replicas] == [True, True]
+    assert sum(r.stats["sent"] for r in replicas) == len(sent)
+    assert sum(r.stats["lost"] for r in replicas) == len(sent)
+    assert {row.state for row in harness.store.slot_rows()} == {1}
+
+
+def test_messages_carry_the_slot_task_id_and_header_and_no_singlebeat_option(
+    harness_for: Callable[..., Harness],
+) -> None:
+    options = {
+        "priority": 5,
+        "headers": {"x-tenant": "acme"},
+        "singlebeat_missed_policy": "all",
+        "singlebeat_missed_grace": 2,
+        "singlebeat_missed_max": 3,
+    }
+    harness = harness_for(
+        {"report": {"task": TASK, "schedule": 10 * SECOND, "args": (7,), "options": options}}
+    )
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(10 * SECOND)
+    replica.tick()
+
+    [message] = harness.drain()
+    slot_us = t0 + 10 * US
+    assert message.task_id == slot_task_id("report", slot_us)
+    assert message.headers[SLOT_HEADER] == {
+        "entry": "report",
+        "at": us_to_datetime(slot_us).isoformat(),
+        "at_us": slot_us,
+    }
+    assert message.headers["x-tenant"] == "acme"
+    assert message.properties["priority"] == 5  # other options do reach apply_async
+    # an option passed on to apply_async would land in the message properties
+    everything = json.dumps([message.headers, message.properties], default=str)
+    assert "singlebeat_missed" not in everything
+
+
+def test_a_failed_publish_is_released_and_another_replica_sends_it(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"job": every(1)})
+    t0 = harness.t0_us
+    broken = harness.replica(Producer=BrokenProducer)
+    broken.tick()
+    harness.clock.advance(SECOND)
+    broken.tick()
+    assert harness.drain() == []
+    assert broken.stats["claimed"] == 1 and broken.stats["sent"] == 0
+    assert any(
+        r.levelno == logging.ERROR and "publishing slot job@" in r.getMessage()
+        for r in caplog.records
+    )
+    [row] = harness.store.slot_rows()
+    assert (row.state, row.lease_until_us) == (0, 0)  # released: abandoned at once
+
+    healthy = harness.replica()
+    healthy.tick()  # its first sweep takes the released claim over
+    [message] = harness.drain()
+    assert (message.entry, message.at_us) == ("job", t0 + US)
+    assert message.task_id == slot_task_id("job", t0 + US)
+    assert healthy.stats["taken_over"] == 1
+    [row] = harness.store.slot_rows()
+    assert (row.state, row.fence, row.owner) == (1, 2, healthy.settings.replica_id)
+
+    broken.tick()
+    assert harness.drain() == []
+
+
+# -- outages ------------------------------------------------------------------
+
+
+def test_an_outage_sends_nothing_logs_once_backs_off_and_applies_the_missed_policy(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for(
+        {
+            "coalesced": every(10, singlebeat_missed_policy="coalesce"),
+            "skipped": every(10, singlebeat_missed_policy="skip"),
+            "replayed": every(10, singlebeat_missed_policy="all"),
+        },
+        singlebeat_missed_grace=1,
+    )
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(10 * SECOND)
+    replica.tick()
+    assert sorted(m.entry for m in harness.drain()) == ["coalesced", "replayed", "skipped"]
+
+    def errors() -> int:
+        return sum(
+            r.levelno == logging.ERROR and "unreachable" in r.getMessage() for r in caplog.records
+        )
+
+    def recoveries() -> int:
+        return sum("database reachable again" in r.getMessage() for r in caplog.records)
+
+    harness.store.available = False
+    delays = []
+    for _ in range(7):
+        harness.clock.advance(13 * SECOND)
+        delays.append(replica.tick())
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert harness.drain() == []
+    assert errors() == 1 and recoveries() == 0
+    assert replica.stats["outages"] == 1
+
+    # back at t0 + 105.5 s: slots t0+20 .. t0+100 fell due meanwhile, all of them missed
+    harness.clock.advance(timedelta(seconds=4.5))
+    harness.store.available = True
+    replica.tick()
+    assert recoveries() == 1
+    by_entry: dict[str, list[int]] = {}
+    for message in harness.drain():
+        by_entry.setdefault(message.entry, []).append((message.at_us - t0) // US)
+    assert sorted(by_entry["coalesced"]) == [100]
+    assert "skipped" not in by_entry
+    assert sorted(by_entry["replayed"]) == list(range(20, 101, 10))
+    assert replica.stats["skipped"] == 8 + 9
+
+    replica.tick()
+    assert recoveries() == 1 and errors() == 1
+
+    # a second outage is a new outage: one more ERROR, and the backoff starts again
+    # (a slot must be due: a replica with nothing to do does not talk to the store)
+    harness.store.available = False
+    harness.clock.advance(10 * SECOND)
+    assert replica.tick() == 0.5
+    assert replica.tick() == 1.0
+    assert harness.drain() == []
+    assert errors() == 2 and replica.stats["outages"] == 2
+
+
+# -- construction ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_construction_never_touches_the_store(
+    harness_for: Callable[..., Harness], lazy: bool, tmp_path: Path
+) -> None:
+    harness = harness_for({"job": every(1)})
+    replica = harness.replica(lazy=lazy)
+    assert harness.store.round_trips == 0
+
+    # the real scheduler builds no SQL store either: the SQLite file never appears
+    database = tmp_path / "never" / "created.sqlite"
+    harness.app.conf.singlebeat_url = f"sqlite:///{database}"
+    SingleBeatScheduler(harness.app, lazy=lazy).close()
+    assert not database.parent.exists()
+
+    if not lazy:
+        replica.tick()
+        assert harness.store.round_trips > 0
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"singlebeat_missed_policy": "sometimes"}, "singlebeat_missed_policy='sometimes'"),
+        ({"singlebeat_missed_max": 0}, "singlebeat_missed_max=0"),
+        ({"singlebeat_missed_grace": "soon"}, "singlebeat_missed_grace='soon'"),
+        ({"singlebeat_missed_polcy": "skip"}, "singlebeat_missed_polcy"),
+    ],
+)
+def test_a_bad_entry_option_fails_at_construction_naming_the_entry(
+    options: dict[str, Any], named: str, lazy: bool
+) -> None:
+    app = make_app("unused", {"nightly-report": every(60, **options), "ok": every(1)})
+    store = MemoryStore()
+    with pytest.raises(ConfigurationError) as failure:
+        MemoryScheduler(app, store=store, lazy=lazy)
+    message = str(failure.value)
+    assert "beat_schedule['nightly-report']" in message
+    assert named in message
+    assert store.round_trips == 0
