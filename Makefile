@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit lint typecheck bench bench-quick clean
+.PHONY: demo test test-compat unit lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,16 @@ demo: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+# The oldest Celery we support, in a venv of its own: the scheduler subclasses
+# Celery's Scheduler, whose internals move between releases.
+CELERY_OLDEST ?= 5.2.7
+KOMBU_OLDEST ?= 5.2.4
+COMPAT := .venv-celery-$(CELERY_OLDEST)
+test-compat:
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/pip install --quiet "celery==$(CELERY_OLDEST)" "kombu==$(KOMBU_OLDEST)" -e '.[dev]'
+	$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -36,4 +46,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-celery-* .pytest_cache .mypy_cache .ruff_cache *.egg-info
