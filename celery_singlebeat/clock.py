@@ -84,7 +84,15 @@ class DatabaseClock:
         now = self._monotonic()
         with self._lock:
             stale = now - self._best_at > self.max_sample_age_s
-            if self._offset_us is None or stale or latency <= self._best_latency_us:
+            # Each sample bounds the true offset within +-latency/2 of its own
+            # estimate. A sample whose bound excludes the kept offset means one of
+            # the clocks stepped (NTP, VM resume): believe the new one at once
+            # rather than send with a wrong notion of "now" for up to a minute.
+            stepped = (
+                self._offset_us is not None
+                and abs(offset - self._offset_us) > (latency + self._best_latency_us) // 2 + 1000
+            )
+            if self._offset_us is None or stale or stepped or latency <= self._best_latency_us:
                 self._offset_us = offset
                 self._best_latency_us = latency
                 self._best_at = now

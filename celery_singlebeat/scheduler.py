@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import random
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +50,13 @@ PRUNE_EVERY_US = 60 * US
 #: outage retry delays, in seconds.
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 10.0
+
+#: up to this many seconds added to each sleep. Replicas wake for a slot at the
+#: instant their estimate of the database clock reaches it, so without jitter the
+#: replica whose estimate runs furthest ahead (a fraction of a millisecond) wins
+#: every slot and the others never send; a few ms more than the estimates differ
+#: lets every replica win its share, at the cost of sending up to that much later.
+WAKE_JITTER = 0.01
 
 
 @dataclass(order=True)
@@ -281,7 +289,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         if self._heap:
             delay = min(delay, (self._heap[0].next_us - now_us) / US)
         delay = min(delay, self._next_sweep - time.monotonic())
-        return max(delay, 0.0)
+        return max(delay, 0.0) + random.uniform(0.0, WAKE_JITTER)
 
     def _send_due(self) -> None:
         store = self._store
@@ -307,7 +315,14 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             for tracked in due:
                 heapq.heappush(heap, tracked)
             raise
+        early = self._refused_as_early(keys, won) if len(won) < len(keys) else {}
         for tracked, plan in plans:
+            if tracked.name in early:
+                # Proposed before it was due on the database's clock (ours ran
+                # ahead): propose it again when it is due instead of losing it.
+                tracked.next_us = early[tracked.name]
+                heapq.heappush(heap, tracked)
+                continue
             if plan.skipped:
                 self._report_skipped(
                     tracked.name,
@@ -334,6 +349,35 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                         _fmt(key.slot_us),
                     )
         self._publish_and_confirm(won, started)
+
+    def _refused_as_early(self, keys: list[SlotKey], won: list[Claim]) -> dict[str, int]:
+        """Earliest not-won slot per entry that is still in the future.
+
+        The claim refuses slots ahead of the database's clock, and its round trip
+        has just corrected our estimate of that clock. A not-won slot still in
+        the future was refused as early (or won by a replica that ran ahead
+        within the tolerance: proposing it again then simply loses again).
+        """
+        store = self._store
+        assert store is not None
+        now_us = store.clock.now_us()
+        mine = {c.key for c in won}
+        early: dict[str, int] = {}
+        for key in keys:
+            if (
+                key.slot_us > now_us
+                and key not in mine
+                and key.slot_us < early.get(key.entry, key.slot_us + 1)
+            ):
+                early[key.entry] = key.slot_us
+        if early:
+            logger.warning(
+                "singlebeat: replica %s proposed %d slot(s) before they were due on the "
+                "database's clock (its clock stepped?); proposing them again when due",
+                self.settings.replica_id,
+                len(early),
+            )
+        return early
 
     def _take_over(self) -> None:
         store = self._store
@@ -383,7 +427,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 continue
             if producer is None:
                 producer = self.producer
-            if self._publish(entry, claim, producer):
+            outcome = self._publish(entry, claim, producer, deadline)
+            if outcome is None:
+                expired.append(claim)
+            elif outcome:
                 published.append(claim)
             else:
                 failed.append(claim)
@@ -426,7 +473,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                         slot_task_id(claim.entry, claim.slot_us),
                     )
 
-    def _publish(self, entry: ScheduleEntry, claim: Claim, producer: Any) -> bool:
+    def _publish(
+        self, entry: ScheduleEntry, claim: Claim, producer: Any, deadline: float
+    ) -> bool | None:
+        """Publish one claimed slot: True when sent, False when publishing failed,
+        None when the lease may have run out first (nothing was sent)."""
         task_id = slot_task_id(claim.entry, claim.slot_us)
         slot = us_to_datetime(claim.slot_us)
         details = {
@@ -448,6 +499,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         try:
             args = _evaluate_entry_args(entry.args)
             kwargs = _evaluate_entry_kwargs(entry.kwargs)
+            # Checked again as late as possible: slot_claimed receivers and the
+            # argument evaluation above take time, and a process stalled in
+            # between (GC pause, SIGSTOP, slow hook) may have lost the slot to a
+            # takeover that is publishing it right now.
+            if time.monotonic() >= deadline:
+                return None
             task = self.app.tasks.get(entry.task)
             if task is not None:
                 task.apply_async(

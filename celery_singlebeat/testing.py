@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 from .clock import DatabaseClock, datetime_to_us, us_to_datetime
 from .exceptions import SchemaError, StoreUnavailable
 from .scheduler import SingleBeatScheduler
-from .store.base import Claim, EntryState, SlotKey, Store
+from .store.base import EARLY_TOLERANCE_US, Claim, EntryState, SlotKey, Store
 from .store.schema import SCHEMA_VERSION
 
 __all__ = ["FakeClock", "MemoryScheduler", "MemoryStore", "SlotRow"]
@@ -270,7 +270,7 @@ class MemoryStore(Store):
             for key in sorted({SlotKey(s.entry, s.slot_us) for s in slots}):
                 entry = self._entries.get(key.entry)
                 mark = -1 if entry is None or entry.last_slot_us is None else entry.last_slot_us
-                if entry is None or key.slot_us <= mark:
+                if entry is None or key.slot_us <= mark or key.slot_us > now + EARLY_TOLERANCE_US:
                     continue
                 row = self._slots.get(key)
                 if row is None:

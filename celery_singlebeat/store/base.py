@@ -28,6 +28,11 @@ from typing import NamedTuple
 
 from ..clock import DatabaseClock
 
+#: How far ahead of the database's clock a slot may be claimed. Replicas
+#: estimate that clock to within half a round trip; this absorbs the estimate's
+#: error while refusing a replica whose clock stepped forward.
+EARLY_TOLERANCE_US = 250_000
+
 
 class SlotKey(NamedTuple):
     """One run of one entry: the entry's name and the slot instant."""
@@ -100,9 +105,12 @@ class Store(ABC):
         A slot is won when either (a) it has no row and it is newer than its
         entry's high-water mark (a row is inserted: claimed, fence 1); or (b) its
         row is abandoned (the row passes to ``owner`` and its fence grows).
-        Rows that are sent, or claimed with a live lease, are not touched. Every won row gets
-        ``lease_until_us = now + lease_us``. Duplicates in ``slots`` count once;
-        slots of unregistered entries are never won. Rows are locked in
+        Rows that are sent, or claimed with a live lease, are not touched. Every
+        won row gets ``lease_until_us = now + lease_us``. Duplicates in ``slots``
+        count once; slots of unregistered entries are never won, and neither is
+        a slot more than :data:`EARLY_TOLERANCE_US` after the database's now (a
+        replica whose clock estimate runs ahead must not send early: it proposes
+        such a slot again when it is due). Rows are locked in
         ``(entry, slot_us)`` order so concurrent claims cannot deadlock.
         """
 

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
-from .base import Claim, EntryState, SlotKey, Store
+from .base import EARLY_TOLERANCE_US, Claim, EntryState, SlotKey, Store
 from .schema import SCHEMA_VERSION, Tables
 from .statements import Dialect, dialect_for
 
@@ -248,7 +248,14 @@ class SqlStore(Store):
             return self._run(
                 "claim",
                 lambda conn: _claims(
-                    self._fetch(conn, self.sql.claim, owner=owner, slots=payload, lease_us=lease_us)
+                    self._fetch(
+                        conn,
+                        self.sql.claim,
+                        owner=owner,
+                        slots=payload,
+                        lease_us=lease_us,
+                        early_us=EARLY_TOLERANCE_US,
+                    )
                 ),
             )
         batch = uuid.uuid4().hex
@@ -256,7 +263,13 @@ class SqlStore(Store):
         def work(conn: Connection) -> list[Claim]:
             conn.execute(
                 text(self.sql.claim),
-                {"owner": owner, "slots": payload, "lease_us": lease_us, "batch": batch},
+                {
+                    "owner": owner,
+                    "slots": payload,
+                    "lease_us": lease_us,
+                    "batch": batch,
+                    "early_us": EARLY_TOLERANCE_US,
+                },
             )
             return _claims(self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner))
 

@@ -84,7 +84,7 @@ POSTGRESQL = Dialect(
             FROM {_PG_SLOTS}
             JOIN {{e}} e ON e.name = c.entry
             CROSS JOIN n
-            WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
+            WHERE c.slot_us > COALESCE(e.last_slot_us, -1) AND c.slot_us <= n.us + :early_us
             ORDER BY c.entry, c.slot_us
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
@@ -179,6 +179,7 @@ MYSQL = Dialect(
                 slot_us BIGINT PATH '$[1]')) c
         JOIN {{e}} e ON e.name = c.entry COLLATE utf8mb4_bin
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
+          AND c.slot_us <= {_MY_NOW} + :early_us
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
             batch = IF(state = 0 AND lease_until_us < VALUES(claimed_us), VALUES(batch), batch),
@@ -251,6 +252,7 @@ SQLITE = Dialect(
         FROM json_each(:slots) c
         JOIN {{e}} e ON e.name = json_extract(c.value, '$[0]')
         WHERE json_extract(c.value, '$[1]') > COALESCE(e.last_slot_us, -1)
+          AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
         ORDER BY 1, 2
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET owner = excluded.owner, fence = s.fence + 1,

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from celery_singlebeat.clock import US
 from celery_singlebeat.exceptions import SchemaError
-from celery_singlebeat.store.base import Claim, SlotKey, Store
+from celery_singlebeat.store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
 from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
@@ -304,6 +304,20 @@ def test_duplicates_count_once_and_unregistered_entries_are_never_won(backend: B
     )
     assert won == [Claim("known", 5, 1)]
     assert store.claim("r2", [SlotKey("unknown", 6)], LONG_LEASE) == []
+
+
+def test_a_slot_ahead_of_the_database_clock_is_not_won(backend: Backend) -> None:
+    # A replica whose clock stepped forward proposes slots before they are due;
+    # the database refuses them (on its own clock) so nothing is sent early.
+    store = backend.ready()
+    store.register(["e"])
+    now = store.ping()
+    ahead = now + 90 * US
+    within = now + EARLY_TOLERANCE_US // 5
+    assert store.claim("r1", [SlotKey("e", ahead)], LONG_LEASE) == []
+    assert store.claim("r1", [SlotKey("e", within)], LONG_LEASE) == [Claim("e", within, 1)]
+    # refused, not recorded: the same slot is won once it is due
+    assert backend.open().claim("r2", [SlotKey("e", ahead)], LONG_LEASE) == []
 
 
 def test_a_live_lease_is_not_stolen(backend: Backend) -> None:

@@ -70,28 +70,40 @@ def test_offset_is_taken_from_the_round_trip_midpoint(clock: DatabaseClock, cloc
 def test_keeps_the_lowest_latency_sample(clock: DatabaseClock, clocks: Clocks) -> None:
     observe(clock, offset_us=500_000, latency_us=2000)
     # slower round trips bound the offset less tightly: ignored, even slightly slower
-    observe(clock, offset_us=700_000, latency_us=3000)
-    observe(clock, offset_us=900_000, latency_us=2001)
+    observe(clock, offset_us=501_200, latency_us=3000)
+    observe(clock, offset_us=499_500, latency_us=2001)
     assert clock.offset_us == 500_000
     # a faster one replaces it, and so does an equally fast, newer one
-    observe(clock, offset_us=450_000, latency_us=1000)
-    assert clock.offset_us == 450_000
+    observe(clock, offset_us=500_400, latency_us=1000)
+    assert clock.offset_us == 500_400
     clocks.monotonic_s += 1
-    observe(clock, offset_us=460_000, latency_us=1000)
-    assert clock.offset_us == 460_000
+    observe(clock, offset_us=500_300, latency_us=1000)
+    assert clock.offset_us == 500_300
 
 
 def test_a_stale_sample_is_replaced(clock: DatabaseClock, clocks: Clocks) -> None:
     observe(clock, offset_us=500_000, latency_us=1000)
     clocks.monotonic_s += DatabaseClock.max_sample_age_s - 1
-    observe(clock, offset_us=800_000, latency_us=50_000)
+    observe(clock, offset_us=510_000, latency_us=50_000)
     assert clock.offset_us == 500_000  # still fresh: the slow sample is ignored
     clocks.monotonic_s += 2  # now older than max_sample_age_s
-    observe(clock, offset_us=800_000, latency_us=50_000)
-    assert clock.offset_us == 800_000
+    observe(clock, offset_us=510_000, latency_us=50_000)
+    assert clock.offset_us == 510_000
     # the replacement becomes the sample to beat
-    observe(clock, offset_us=900_000, latency_us=60_000)
-    assert clock.offset_us == 800_000
+    observe(clock, offset_us=520_000, latency_us=60_000)
+    assert clock.offset_us == 510_000
+
+
+def test_a_clock_step_is_believed_at_once(clock: DatabaseClock, clocks: Clocks) -> None:
+    # A sample whose error bound excludes the kept offset: one clock stepped
+    # (NTP, VM resume). Keeping the old, tighter sample would misjudge "now" by
+    # the whole step for up to max_sample_age_s.
+    observe(clock, offset_us=500_000, latency_us=1000)
+    observe(clock, offset_us=90_500_000, latency_us=5000)
+    assert clock.offset_us == 90_500_000
+    # ... and a consistent, slower sample after that does not move it back
+    observe(clock, offset_us=90_501_000, latency_us=8000)
+    assert clock.offset_us == 90_500_000
 
 
 def test_a_wall_clock_step_back_during_a_round_trip(clock: DatabaseClock) -> None:
