@@ -107,6 +107,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
         self._unconfirmed: list[Claim] = []
+        self._warned_unknown: set[str] = set()
         #: per-tick figures, read by benchmarks and tests.
         self.stats: dict[str, int] = {
             "claimed": 0,
@@ -411,6 +412,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # taking the slot over, and two publishes would then race. Local monotonic
         # time, measured from *before* the claim was sent, is a safe upper bound.
         deadline = claimed_at + self.settings.lease.total_seconds() * 0.8
+        unknown: list[Claim] = []
         published: list[Claim] = []
         failed: list[Claim] = []
         expired: list[Claim] = []
@@ -421,9 +423,9 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 continue
             entry = self.schedule.get(claim.entry)
             if entry is None:
-                # A slot of an entry this replica's schedule no longer has (rolling
-                # restart): leave it to a replica that knows the entry.
-                failed.append(claim)
+                # A slot of an entry this replica's schedule does not have (rolling
+                # restart, or an entry removed while its slot was in flight).
+                unknown.append(claim)
                 continue
             if producer is None:
                 producer = self.producer
@@ -444,6 +446,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             )
         if failed or expired:
             store.release(self.settings.replica_id, failed + expired)
+        if unknown:
+            self._leave_unknown(unknown)
         if not published:
             return
         self.stats["sent"] += len(published)
@@ -472,6 +476,28 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                         self.settings.replica_id,
                         slot_task_id(claim.entry, claim.slot_us),
                     )
+
+    def _leave_unknown(self, claims: list[Claim]) -> None:
+        """Hand back slots of entries this replica cannot publish, for a while.
+
+        A replica that has the entry (an older version during a rolling restart)
+        takes them over; released at once they would bounce between sweeps of
+        replicas that cannot send them. A slot nobody can send stays claimed and
+        is visible in the slots table (docs/operations.md says how to clear it).
+        """
+        store = self._store
+        assert store is not None
+        retry_in_us = self.settings.retention_us
+        store.release(self.settings.replica_id, claims, retry_in_us)
+        for name in sorted({c.entry for c in claims} - self._warned_unknown):
+            self._warned_unknown.add(name)
+            logger.warning(
+                "singlebeat: replica %s holds slot(s) of entry %r, which is not in its "
+                "beat_schedule; leaving them to a replica that has it (retry in %gs)",
+                self.settings.replica_id,
+                name,
+                retry_in_us / US,
+            )
 
     def _publish(
         self, entry: ScheduleEntry, claim: Claim, producer: Any, deadline: float

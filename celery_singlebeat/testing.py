@@ -298,15 +298,15 @@ class MemoryStore(Store):
                 done.append(claim)
             return done
 
-    def release(self, owner: str, claims: Sequence[Claim]) -> None:
+    def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         """See :meth:`Store.release`."""
         if not claims:
             return
-        with self._round_trip("release"):
+        with self._round_trip("release") as now:
             for claim in claims:
                 row = self._slots.get(claim.key)
                 if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
-                    row.lease_until_us = 0
+                    row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         """See :meth:`Store.take_over`."""

@@ -127,9 +127,14 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def release(self, owner: str, claims: Sequence[Claim]) -> None:
-        """End the lease of claims we could not publish, so any replica takes them
-        over at its next sweep. Rows not owned (owner and fence) are untouched."""
+    def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
+        """Give up claims we could not publish, so another replica takes them over.
+
+        With ``retry_in_us = 0`` the lease ends now and the next sweep of any
+        replica takes them over; otherwise the lease ends ``retry_in_us`` from
+        now (a slot this replica cannot publish at all, e.g. of an entry its
+        schedule does not have, should not bounce between sweeps). Rows not
+        owned (owner and fence) are untouched."""
 
     @abstractmethod
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:

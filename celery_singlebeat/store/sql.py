@@ -314,14 +314,12 @@ class SqlStore(Store):
 
         return self._run("confirm", work)
 
-    def release(self, owner: str, claims: Sequence[Claim]) -> None:
+    def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         if not claims:
             return
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
-        self._run(
-            "release",
-            lambda conn: conn.execute(text(self.sql.release), {"owner": owner, "slots": payload}),
-        )
+        params = {"owner": owner, "slots": payload, "retry_us": max(0, retry_in_us)}
+        self._run("release", lambda conn: conn.execute(text(self.sql.release), params))
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         if self.sql.returning:

@@ -122,7 +122,8 @@ POSTGRESQL = Dialect(
         SELECT n.us, done.entry, done.slot_us, done.fence FROM n LEFT JOIN done ON true""",
     select_batch="",
     release=f"""
-        UPDATE {{s}} s SET lease_until_us = 0
+        UPDATE {{s}} s SET lease_until_us = CASE WHEN :retry_us = 0 THEN 0
+            ELSE {_PG_NOW} + :retry_us END
         FROM {_PG_SLOTS}
         WHERE s.entry = c.entry AND s.slot_us = c.slot_us AND s.fence = c.fence
           AND s.owner = :owner AND s.state = 0""",
@@ -206,7 +207,7 @@ MYSQL = Dialect(
         UPDATE {{s}} s JOIN {_MY_SLOTS}
             ON s.entry = c.entry COLLATE utf8mb4_bin AND s.slot_us = c.slot_us
                AND s.fence = c.fence
-        SET s.lease_until_us = 0
+        SET s.lease_until_us = IF(:retry_us = 0, 0, {_MY_NOW} + :retry_us)
         WHERE s.owner = :owner AND s.state = 0""",
     prune_turn=f"""
         UPDATE {{m}} SET value_us = {_MY_NOW} + :every_us
@@ -273,8 +274,9 @@ SQLITE = Dialect(
                    json_extract(value, '$[2]') FROM json_each(:slots))
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     select_batch="",
-    release="""
-        UPDATE {s} SET lease_until_us = 0
+    release=f"""
+        UPDATE {{s}} SET lease_until_us = CASE WHEN :retry_us = 0 THEN 0
+            ELSE {_LITE_NOW} + :retry_us END
         WHERE owner = :owner AND state = 0 AND (entry, slot_us, fence) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                    json_extract(value, '$[2]') FROM json_each(:slots))""",

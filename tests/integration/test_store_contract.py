@@ -387,6 +387,22 @@ def test_release_lets_another_replica_take_over_at_once(backend: Backend) -> Non
     assert other.confirm("r2", taken) == taken
 
 
+def test_release_with_a_retry_delay_keeps_the_slot_off_sweeps_until_then(
+    backend: Backend,
+) -> None:
+    # A replica that cannot publish a slot at all (its schedule lacks the entry)
+    # hands it back for later, so it does not bounce between sweeps.
+    store = backend.ready()
+    store.register(["e"])
+    [claim] = store.claim("r1", [SlotKey("e", 10)], LONG_LEASE)
+    store.release("r1", [claim], retry_in_us=SHORT_LEASE)
+    other = backend.open()
+    released_at = other.ping()
+    assert other.take_over("r2", LONG_LEASE, 10) == []
+    wait_db_past(other, released_at + SHORT_LEASE)
+    assert other.take_over("r2", LONG_LEASE, 10) == [Claim("e", 10, 2)]
+
+
 # -- take_over ------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from kombu.simple import SimpleQueue
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler
 from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
+from celery_singlebeat.store.base import SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
 
 TASK = "sbtest.probe"
@@ -232,6 +233,51 @@ def test_a_failed_publish_is_released_and_another_replica_sends_it(
 
     broken.tick()
     assert harness.drain() == []
+
+
+def test_a_slot_of_an_entry_this_replica_lacks_is_handed_back_for_later(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A replica died holding a slot of "old"; the replicas still running (a newer
+    # deployment) have no such entry. They must neither send it nor bounce it
+    # between sweeps; a replica that has the entry sends it later.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"job": every(60)})
+    store = harness.store
+    store.prepare(create=True)
+    store.register(["old"])
+    t0 = harness.t0_us
+    slot = t0  # due now: a claim refuses slots ahead of the clock
+    [dead] = store.claim("dead-replica", [SlotKey("old", slot)], US)
+    harness.clock.advance(2 * SECOND)
+
+    newer = harness.replica()
+    newer.tick()
+    assert harness.drain() == []
+    assert newer.stats["taken_over"] == 1
+    [row] = store.slot_rows()
+    retention_us = newer.settings.retention_us
+    assert row.state == 0 and row.lease_until_us == t0 + 2 * US + retention_us
+    warnings = [r for r in caplog.records if "not in its beat_schedule" in r.getMessage()]
+    assert len(warnings) == 1 and "'old'" in warnings[0].getMessage()
+
+    for _ in range(5):  # later sweeps leave it alone until the retry time
+        harness.clock.advance(timedelta(seconds=10))
+        newer.tick()
+    assert newer.stats["taken_over"] == 1
+    assert harness.drain() == []
+
+    harness.clock.set(us_to_datetime(row.lease_until_us + US))
+    older_app = make_app(harness.app.conf.task_default_queue, {"old": every(3600)})
+    older = MemoryScheduler(older_app, store=store)
+    older.tick()
+    [message] = harness.drain()
+    assert (message.entry, message.at_us, message.task_id) == (
+        "old",
+        slot,
+        slot_task_id("old", slot),
+    )
+    assert dead.fence == 1 and older.stats["taken_over"] == 1
 
 
 # -- outages ------------------------------------------------------------------
