@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from . import signals
 from .clock import US, us_to_datetime
@@ -69,6 +70,15 @@ class _Tracked:
     policy: MissedPolicy = field(compare=False, repr=False)
 
 
+def _is_connection_error(exc: BaseException, producer: Any) -> bool:
+    """True when ``exc`` says the broker cannot be reached (not a bad message)."""
+    if isinstance(exc, KombuOperationalError):
+        return True
+    connection = getattr(producer, "connection", None)
+    errors = getattr(connection, "connection_errors", ())
+    return bool(errors) and isinstance(exc, tuple(errors))
+
+
 def _fmt(slot_us: int) -> str:
     return us_to_datetime(slot_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -108,6 +118,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._next_prune = 0.0
         self._unconfirmed: list[Claim] = []
         self._warned_unknown: set[str] = set()
+        self._broker_down = False
         #: per-tick figures, read by benchmarks and tests.
         self.stats: dict[str, int] = {
             "claimed": 0,
@@ -417,7 +428,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         failed: list[Claim] = []
         expired: list[Claim] = []
         producer = None
+        self._broker_down = False
         for claim in claims:
+            if self._broker_down:
+                failed.append(claim)
+                continue
             if time.monotonic() >= deadline:
                 expired.append(claim)
                 continue
@@ -443,6 +458,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 len(expired),
                 expired[0].entry,
                 _fmt(expired[0].slot_us),
+            )
+        if self._broker_down and len(failed) > 1:
+            logger.error(
+                "singlebeat: broker unreachable; released %d claimed slots without trying "
+                "them, for whichever replica reaches the broker first",
+                len(failed) - 1,
             )
         if failed or expired:
             store.release(self.settings.replica_id, failed + expired)
@@ -546,7 +567,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     headers=headers,
                     **options,
                 )
-        except Exception:
+        except Exception as exc:
+            if _is_connection_error(exc, producer):
+                # The broker, not this message: the rest of the batch would fail
+                # the same way, each after kombu's publish retries.
+                self._broker_down = True
             logger.exception(
                 "singlebeat: publishing slot %s@%s (task %s) failed; releasing the claim "
                 "so that a replica sends it again",

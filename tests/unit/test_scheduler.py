@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.messaging import Producer
 from kombu.simple import SimpleQueue
 
@@ -278,6 +279,38 @@ def test_a_slot_of_an_entry_this_replica_lacks_is_handed_back_for_later(
         slot_task_id("old", slot),
     )
     assert dead.fence == 1 and older.stats["taken_over"] == 1
+
+
+class UnreachableBroker(Producer):  # type: ignore[misc]
+    """A producer whose broker cannot be reached; counts the attempts."""
+
+    attempts = 0
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        type(self).attempts += 1
+        raise KombuOperationalError("[Errno 111] Connection refused")
+
+
+def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each failed publish waits out kombu's retries; trying every slot of a big
+    # batch against a dead broker would stall the beat loop for minutes.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({f"job-{i}": every(1) for i in range(4)})
+    UnreachableBroker.attempts = 0
+    replica = harness.replica(Producer=UnreachableBroker)
+    replica.tick()
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert replica.stats["claimed"] == 4 and replica.stats["sent"] == 0
+    assert UnreachableBroker.attempts == 1
+    assert all(row.state == 0 and row.lease_until_us == 0 for row in harness.store.slot_rows())
+    assert any("broker unreachable; released 3" in r.getMessage() for r in caplog.records)
+    # once the broker is back, a replica that reaches it sends all four
+    healthy = harness.replica()
+    healthy.tick()
+    assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
 
 
 # -- outages ------------------------------------------------------------------
