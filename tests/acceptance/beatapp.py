@@ -3,10 +3,18 @@ processes. Configured through environment variables so one module serves every
 database and broker:
 
 * ``SB_BROKER``: broker URL; ``SB_URL``: singlebeat_url; ``SB_PREFIX``: table prefix
+* ``SB_QUEUE``: queue (and exchange, routing key) the tasks go to, so each test
+  reads only its own messages off a shared broker
 * ``SB_ENTRIES``/``SB_EVERY``: that many interval entries, every SB_EVERY seconds
-* ``SB_LEASE``: singlebeat_lease seconds; ``SB_POLICY``: missed-run policy
+* ``SB_SLOW``: ``"period:grace"`` adds one more entry, ``slow-0``, every ``period``
+  seconds with its own missed-run grace (per-entry ``options``), so an outage
+  can leave it without any on-time slot: the case where policies differ
+* ``SB_LEASE``: singlebeat_lease seconds; ``SB_POLICY``: missed-run policy;
+  ``SB_GRACE``: missed-run grace seconds; ``SB_LOOP``: beat_max_loop_interval
 * ``SB_STOP_ON``: ``claimed`` or ``published``: stop this process (SIGSTOP) at
-  that point of the first slot it wins, so a test can resume it later.
+  that point of the first slot it wins, so a test can resume (or kill) it later.
+  With ``SB_STOP_ARM=usr2`` that is the first slot won after the process gets
+  SIGUSR2, so a test can pick the replica when it is already running.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 from datetime import timedelta
+from typing import Any
 
 from celery import Celery
 
@@ -22,22 +31,38 @@ from celery_singlebeat import signals
 app = Celery("beatapp", broker=os.environ.get("SB_BROKER", "memory://"))
 entries = int(os.environ.get("SB_ENTRIES", "5"))
 every = float(os.environ.get("SB_EVERY", "1"))
+queue = os.environ.get("SB_QUEUE", "celery")
+
+schedule: dict[str, dict[str, Any]] = {
+    f"probe-{i}": {
+        "task": "beatapp.probe",
+        "schedule": timedelta(seconds=every),
+        "args": (i,),
+    }
+    for i in range(entries)
+}
+if os.environ.get("SB_SLOW"):
+    slow_every, slow_grace = (float(part) for part in os.environ["SB_SLOW"].split(":"))
+    schedule["slow-0"] = {
+        "task": "beatapp.probe",
+        "schedule": timedelta(seconds=slow_every),
+        "args": (-1,),
+        "options": {"singlebeat_missed_grace": slow_grace},
+    }
+
 app.conf.update(
     beat_scheduler="celery_singlebeat.SingleBeatScheduler",
     singlebeat_url=os.environ.get("SB_URL"),
     singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
     singlebeat_lease=float(os.environ.get("SB_LEASE", "15")),
     singlebeat_missed_policy=os.environ.get("SB_POLICY", "coalesce"),
+    singlebeat_missed_grace=float(os.environ.get("SB_GRACE", "5")),
     beat_max_loop_interval=float(os.environ.get("SB_LOOP", "1")),
     broker_connection_retry_on_startup=True,
-    beat_schedule={
-        f"probe-{i}": {
-            "task": "beatapp.probe",
-            "schedule": timedelta(seconds=every),
-            "args": (i,),
-        }
-        for i in range(entries)
-    },
+    task_default_queue=queue,
+    task_default_exchange=queue,
+    task_default_routing_key=queue,
+    beat_schedule=schedule,
 )
 
 
@@ -48,11 +73,21 @@ def probe(i: int) -> int:
 
 _stop_on = os.environ.get("SB_STOP_ON")
 _stopped = False
+_armed = os.environ.get("SB_STOP_ARM") != "usr2"
+
+
+def _arm(signum: int, frame: object) -> None:
+    global _armed
+    _armed = True
+
+
+if not _armed:
+    signal.signal(signal.SIGUSR2, _arm)
 
 
 def _stop(**details: object) -> None:
     global _stopped
-    if not _stopped:
+    if _armed and not _stopped:
         _stopped = True
         print(f"SB-STOPPING {details['entry']} {details['task_id']}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,0 +1,349 @@
+"""Real ``celery beat`` replicas under failure: a replica frozen (SIGSTOP) while it
+holds a claim, and the database cut off mid-run by a TCP proxy.
+
+As in test_coordination, the broker is the judge (every message is read off the
+queue) and the expected slots are computed from the database's rows.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import (
+    US,
+    BeatProcess,
+    Db,
+    Rig,
+    SlotRow,
+    check_slots,
+    group_env,
+    interval_slots,
+    publish_counts,
+    wait_for,
+)
+from sqlalchemy.engine import make_url
+
+from celery_singlebeat.slots import slot_task_id
+
+PERIOD_US = US
+LEASE = 3.0
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _wait_db_time(db: Db, until_us: int, beats: list[BeatProcess], interval: float = 0.2) -> None:
+    def passed() -> bool:
+        dead = [b.name for b in beats if not b.alive()]
+        assert not dead, f"beat died: {dead}"
+        return db.now_us() >= until_us
+
+    wait_for(passed, (until_us - db.now_us()) / US + 10, "the database clock", interval)
+
+
+def _connected(beats: list[BeatProcess]) -> None:
+    wait_for(
+        lambda: all("connected to" in b.log() for b in beats),
+        45,
+        "every replica to connect",
+        interval=0.2,
+    )
+
+
+# -- a replica frozen while it holds a claim -----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize("stop_on", ["claimed", "published"])
+def test_replica_frozen_holding_a_claim(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str, stop_on: str
+) -> None:
+    """``claimed``: frozen after winning, before publishing. The slot is taken
+    over and published once; resumed, the frozen replica must not publish it
+    (its lease ran out). ``published``: frozen after publishing, before
+    confirming. The takeover publishes the slot a second time with the same
+    task id (the documented repeat), and the resumed replica's confirm fails."""
+    broker = f"{redis_url}/3"
+    reader = rig.reader(broker)
+    db = rig.db(pg_url, table_prefix)
+    env = group_env(
+        broker=broker,
+        db_url=pg_url,
+        prefix=table_prefix,
+        queue=reader.queue,
+        SB_ENTRIES="3",
+        SB_LEASE=str(LEASE),
+    )
+    frozen = rig.start_beat({**env, "SB_STOP_ON": stop_on}, "frozen")
+    others = [rig.start_beat(env, f"beat-{i}") for i in range(2)]
+    beats = [frozen, *others]
+    _connected(beats)
+    anchors = db.anchors()
+
+    stopping = wait_for(
+        lambda: re.search(r"SB-STOPPING (\S+) (\S+)", frozen.log()), 40, "the frozen replica to win"
+    )
+    entry, task_id = stopping[1], stopping[2]
+    wait_for(lambda: frozen.state() == "T", 5, "SIGSTOP to take effect")
+    frozen_id = frozen.replica_id()
+    stopped_at = db.now_us()
+    slot = next(
+        (entry, at)
+        for at in interval_slots(anchors[entry], PERIOD_US, stopped_at + PERIOD_US)
+        if slot_task_id(entry, at) == task_id
+    )
+
+    # Another replica takes the slot over once the lease has run out, and
+    # publishes it with the same task id.
+    takeover = f"(task id {task_id}, fence 2)"
+    wait_for(
+        lambda: any(takeover in b.log() for b in others),
+        LEASE + 10,
+        "the takeover of the frozen replica's slot",
+        interval=0.2,
+    )
+    # The claim was made at the slot's instant or later, so its lease ended no sooner.
+    assert db.now_us() - slot[1] >= LEASE * US, "taken over before the lease ran out"
+    frozen.signal(signal.SIGCONT)
+    resumed_at = db.now_us()
+    # What the resumed replica must say: it gives the slot up unpublished, or
+    # (published case) learns from its confirm that the slot changed hands.
+    if stop_on == "claimed":
+        outcome = rf"lease ran out before \d+ claimed slots were published \(first {entry}@"
+    else:
+        outcome = (
+            rf"slot {re.escape(entry)}@\S+ was taken over before replica "
+            rf"{re.escape(frozen_id or '?')} confirmed its publish"
+        )
+    wait_for(lambda: re.search(outcome, frozen.log()), 10, f"the resumed replica: {outcome}")
+
+    # Let the resumed replica take part again for a couple of ticks.
+    _wait_db_time(db, resumed_at + 2 * US, beats)
+    upto = db.now_us()
+    expected = {name: interval_slots(a, PERIOD_US, upto) for name, a in anchors.items()}
+    wanted = {(e, at) for e, slots in expected.items() for at in slots}
+    wait_for(
+        lambda: wanted <= {m.slot for m in reader.messages()},
+        LEASE + 10,
+        "every expected slot in the broker",
+        interval=0.2,
+    )
+    assert all(b.alive() for b in beats), rig.group.outputs()
+    rig.group.stop_all()
+    messages = reader.finish()
+    rows = db.rows()
+    published = publish_counts(beats)
+
+    copies = [m for m in messages if m.slot == slot]
+    assert {m.task_id for m in copies} == {task_id}
+    row = rows[slot]
+    assert row.state == 1 and row.fence == 2 and row.owner != frozen_id, row
+    report = check_slots(messages, expected, upto, rows, published)
+    assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
+    # The others kept sending while the replica was frozen: every slot of that
+    # window is in the broker (checked above), sent by them.
+    frozen_sent = set(frozen.sent_task_ids())
+    during = {slot_task_id(e, at) for e, at in wanted if stopped_at < at <= resumed_at}
+    assert during and not during & frozen_sent
+    if stop_on == "claimed":
+        assert len(copies) == 1, copies
+        assert task_id not in frozen_sent, "the resumed replica published a slot it had lost"
+        assert report.doubled == [], report.doubled
+    else:
+        assert len(copies) == 2, copies
+        assert task_id in frozen_sent
+        assert report.doubled == [slot], report.doubled
+    print(f"{stop_on}: {slot} copies={len(copies)} taken over={len(report.taken_over)}")
+
+
+# -- the database cut off mid-run ------------------------------------------------
+
+#: how long the proxy refuses the database: longer than the default grace (5 s),
+#: and ending before the replicas' fourth retry (see the cut's timing below)
+OUTAGE = 7.8
+#: longer than an outage plus the backoff (capped at 10 s), so a claim published
+#: just before the cut and confirmed after it is never taken over meanwhile
+OUTAGE_LEASE = 20.0
+GRACE_US = 5 * US
+#: the extra entry: every 5 s with a 0.5 s grace, so after the outage it usually
+#: has no on-time slot, which is where coalesce (latest missed one) and skip differ
+SLOW_US, SLOW_GRACE_US = 5 * US, US // 2
+#: a replica plans with its estimate of the database clock a moment before the
+#: claim runs (claimed_us): a slot this close to the grace boundary may go either way
+EDGE_US = 300_000
+
+
+def _after_outage(
+    slots: list[int], last_before: int, recovered_us: int, grace_us: int, policy: str
+) -> set[int]:
+    """The slots the missed-run policy lets through when the first replica back
+    plans at ``recovered_us``: what fell due before the cut was sent, then slots
+    on time (at most ``grace`` late), plus for coalesce the latest missed slot
+    when no on-time slot was due."""
+    keep = {s for s in slots if s <= last_before}
+    pending = [s for s in slots if s > last_before]
+    missed = [s for s in pending if recovered_us - s > grace_us]
+    keep |= {s for s in pending if recovered_us - s <= grace_us}
+    due_on_time = [s for s in pending if 0 <= recovered_us - s <= grace_us]
+    if policy == "coalesce" and missed and not due_on_time:
+        keep.add(missed[-1])
+    return keep
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize("policy", ["coalesce", "skip"])
+def test_database_outage(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str, policy: str
+) -> None:
+    pg = make_url(pg_url)
+    proxy = rig.proxy((pg.host or "127.0.0.1", pg.port or 5432))
+    proxied = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    broker = f"{redis_url}/4"
+    reader = rig.reader(broker)
+    db = rig.db(pg_url, table_prefix)
+    env = group_env(
+        broker=broker,
+        db_url=proxied,
+        prefix=table_prefix,
+        queue=reader.queue,
+        SB_ENTRIES="5",
+        SB_SLOW=f"{SLOW_US / US:g}:{SLOW_GRACE_US / US:g}",
+        SB_LEASE=str(OUTAGE_LEASE),
+        SB_POLICY=policy,
+        SB_GRACE=str(GRACE_US / US),
+    )
+    beats = [rig.start_beat(env, f"beat-{i}") for i in range(3)]
+    _connected(beats)
+    anchors = db.anchors()
+    periods = {name: SLOW_US if name == "slow-0" else PERIOD_US for name in anchors}
+    graces = {name: SLOW_GRACE_US if name == "slow-0" else GRACE_US for name in anchors}
+    wait_for(lambda: len(reader.messages()) >= 6, 15, "sending before the outage")
+    # Cut just after a 1 s slot, 0.85 s before a slow-0 slot: the replicas fail
+    # at that slot and retry 0.5, 1.5, 3.5 and 7.5 s later, so the last retry
+    # falls just after the restore and the first claim after the outage comes
+    # ~2.5 s after slow-0's latest slot: no on-time slot for it, the case where
+    # coalesce (send the latest missed one) and skip (send none) differ. The
+    # assertions do not rely on this timing, only the coverage of that case does.
+    slow_anchor = anchors["slow-0"]
+    cut_target = slow_anchor + SLOW_US - 850_000
+    while cut_target < db.now_us() + US // 2:
+        cut_target += SLOW_US
+    _wait_db_time(db, cut_target, beats, interval=0.02)
+
+    cut_us = db.now_us()
+    cut_at = time.monotonic()
+    proxy.cut()
+    wait_for(lambda: all(b.lines("unreachable") for b in beats), OUTAGE, "every replica to notice")
+    # The outage itself: its length is what is under test.
+    time.sleep(max(0.0, cut_at + OUTAGE - time.monotonic()))
+    restored_us = db.now_us()
+    proxy.restore()
+    wait_for(
+        lambda: all(b.lines("reachable again") for b in beats),
+        15,
+        "every replica to reconnect (backoff is capped at 10 s)",
+        interval=0.2,
+    )
+    _wait_db_time(db, db.now_us() + 3 * US, beats)
+    upto = db.now_us()
+
+    rows = db.rows()
+    claimed_after: list[SlotRow] = [
+        r for r in rows.values() if r.claimed_us >= restored_us and r.fence == 1
+    ]
+    assert claimed_after, "nothing claimed after the outage"
+    # The first claim after the outage: its replica planned the missed runs then.
+    recovered_us = min(r.claimed_us for r in claimed_after)
+    candidates: dict[str, list[set[int]]] = {}
+    for name, anchor in anchors.items():
+        slots = interval_slots(anchor, periods[name], upto)
+        # Claimed before the cut (a row taken over since has a newer claimed_us,
+        # but it too was first claimed before the outage or it would have fence 1).
+        before = [
+            r.slot_us
+            for r in rows.values()
+            if r.entry == name and (r.claimed_us < restored_us or r.fence > 1)
+        ]
+        last_before = max(before, default=anchor)
+        candidates[name] = [
+            _after_outage(slots, last_before, recovered_us + edge, graces[name], policy)
+            for edge in (-EDGE_US, 0, EDGE_US)
+        ]
+    must = {(e, s) for e, options in candidates.items() for s in set.intersection(*options)}
+    wait_for(
+        lambda: must <= {m.slot for m in reader.messages()},
+        OUTAGE_LEASE + 10,
+        "every slot the policy lets through",
+        interval=0.2,
+    )
+    assert all(b.alive() for b in beats), "a beat process died\n" + rig.group.outputs()
+    rig.group.stop_all()
+    messages = reader.finish()
+    rows = db.rows()
+
+    sent: dict[str, set[int]] = {name: set() for name in anchors}
+    for m in messages:
+        if m.at_us <= upto:
+            sent[m.entry].add(m.at_us)
+    outage_window = (cut_us, recovered_us)
+    for name, options in candidates.items():
+        assert sent[name] in options, (
+            f"{name}: sent {sorted(sent[name])} but the {policy} policy allows one of "
+            f"{[sorted(o) for o in options]} (outage {outage_window})"
+        )
+    expected = {name: sorted(s) for name, s in sent.items()}
+    report = check_slots(messages, expected, upto, rows, publish_counts(beats))
+    assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
+    assert not report.doubled, report.doubled
+
+    # The outage really cost runs: every 1 s entry lost at least two slots.
+    for name, anchor in anchors.items():
+        all_slots = interval_slots(anchor, periods[name], upto)
+        lost = [s for s in all_slots if s not in sent[name]]
+        if name != "slow-0":
+            assert len(lost) >= 2, (name, lost)
+        assert all(cut_us - PERIOD_US < s < recovered_us for s in lost), (name, lost)
+    slow_missed_sent = [
+        s
+        for s in sent["slow-0"]
+        if cut_us < s < recovered_us and recovered_us - s > SLOW_GRACE_US + EDGE_US
+    ]
+    slow_on_time = [
+        s
+        for s in sent["slow-0"]
+        if cut_us < s <= recovered_us and recovered_us - s <= SLOW_GRACE_US
+    ]
+    if policy == "skip":
+        assert not slow_missed_sent, slow_missed_sent
+    elif not slow_on_time:
+        # coalesce with nothing on time: exactly the latest missed slot went out
+        assert len(slow_missed_sent) == 1, slow_missed_sent
+
+    # Each replica said it once per outage, and sent nothing while it lasted.
+    for beat in beats:
+        errors = [line for line in beat.lines("unreachable") if "ERROR" in line]
+        assert len(errors) == 1, beat.lines("unreachable")
+        # ...and nothing else at ERROR or above: no traceback from the pool or driver
+        loud = beat.lines("ERROR/") + beat.lines("CRITICAL/") + beat.lines("Traceback")
+        assert loud == errors, loud
+        assert len(beat.lines("reachable again")) == 1, beat.log()
+        assert len(beat.lines("missed-run policy " + policy)) >= 1, beat.log()
+    print(
+        f"{policy}: recovered {(recovered_us - restored_us) / US:.1f}s after the restore; "
+        f"slow-0 on time {len(slow_on_time)}, latest missed sent {len(slow_missed_sent)}"
+    )
