@@ -276,7 +276,7 @@ class MemoryStore(Store):
                 if row is None:
                     self._slots[key] = _Row(0, owner, 1, now + lease_us, now)
                     won.append(Claim(key.entry, key.slot_us, 1))
-                elif row.state == 0 and row.lease_until_us < now:
+                elif row.state == 0 and (row.lease_until_us < now or row.owner == owner):
                     row.owner, row.fence = owner, row.fence + 1
                     row.lease_until_us, row.claimed_us = now + lease_us, now
                     won.append(Claim(key.entry, key.slot_us, row.fence))

@@ -104,7 +104,10 @@ class Store(ABC):
 
         A slot is won when either (a) it has no row and it is newer than its
         entry's high-water mark (a row is inserted: claimed, fence 1); or (b) its
-        row is abandoned (the row passes to ``owner`` and its fence grows).
+        row is abandoned (the row passes to ``owner`` and its fence grows); or (c)
+        it is claimed by ``owner`` itself and not yet sent (its fence grows): a
+        claim whose answer was lost with the connection is won again by its
+        owner's retry instead of waiting for its lease to run out.
         Rows that are sent, or claimed with a live lease, are not touched. Every
         won row gets ``lease_until_us = now + lease_us``. Duplicates in ``slots``
         count once; slots of unregistered entries are never won, and neither is

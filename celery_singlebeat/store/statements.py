@@ -89,7 +89,8 @@ POSTGRESQL = Dialect(
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
                     lease_until_us = EXCLUDED.lease_until_us, claimed_us = EXCLUDED.claimed_us
-                WHERE s.state = 0 AND s.lease_until_us < EXCLUDED.claimed_us
+                WHERE s.state = 0
+                  AND (s.lease_until_us < EXCLUDED.claimed_us OR s.owner = EXCLUDED.owner)
             RETURNING s.entry, s.slot_us, s.fence
         )
         SELECT n.us, won.entry, won.slot_us, won.fence FROM n LEFT JOIN won ON true""",
@@ -183,7 +184,8 @@ MYSQL = Dialect(
           AND c.slot_us <= {_MY_NOW} + :early_us
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
-            batch = IF(state = 0 AND lease_until_us < VALUES(claimed_us), VALUES(batch), batch),
+            batch = IF(state = 0 AND (lease_until_us < VALUES(claimed_us) OR owner = VALUES(owner)),
+                       VALUES(batch), batch),
             owner = IF(batch <=> VALUES(batch), VALUES(owner), owner),
             fence = IF(batch <=> VALUES(batch), fence + 1, fence),
             lease_until_us = IF(batch <=> VALUES(batch), VALUES(lease_until_us), lease_until_us),
@@ -258,7 +260,8 @@ SQLITE = Dialect(
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET owner = excluded.owner, fence = s.fence + 1,
                 lease_until_us = excluded.lease_until_us, claimed_us = excluded.claimed_us
-            WHERE s.state = 0 AND s.lease_until_us < excluded.claimed_us
+            WHERE s.state = 0
+              AND (s.lease_until_us < excluded.claimed_us OR s.owner = excluded.owner)
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     take_over=f"""
         UPDATE {{s}} SET owner = :owner, fence = fence + 1,
