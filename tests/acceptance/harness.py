@@ -588,6 +588,46 @@ def group_env(*, broker: str, db_url: str, prefix: str, queue: str, **extra: str
     return {"SB_BROKER": broker, "SB_URL": db_url, "SB_PREFIX": prefix, "SB_QUEUE": queue, **extra}
 
 
+@dataclass
+class Outcome:
+    """What a run left behind, read once every replica has stopped."""
+
+    upto_us: int
+    expected: dict[str, list[int]]
+    messages: list[Received]
+    rows: dict[tuple[str, int], SlotRow]
+    published: Counter[str]
+
+
+def collect(
+    rig: Rig,
+    reader: QueueReader,
+    db: Db,
+    anchors: dict[str, int],
+    period_us: int,
+    *,
+    beats: list[BeatProcess],
+    alive: list[BeatProcess],
+    timeout: float,
+    upto_us: int | None = None,
+) -> Outcome:
+    """Wait until every slot up to ``upto_us`` (default: the database's now) is in
+    the broker, check that the ``alive`` replicas still run, stop them all, and
+    read messages, rows and the publishes each replica logged."""
+    upto = db.now_us() if upto_us is None else upto_us
+    expected = {name: interval_slots(anchor, period_us, upto) for name, anchor in anchors.items()}
+    wanted = {(e, at) for e, slots in expected.items() for at in slots}
+    wait_for(
+        lambda: wanted <= {m.slot for m in reader.messages()},
+        timeout,
+        "every expected slot in the broker",
+        interval=0.2,
+    )
+    assert all(b.alive() for b in alive), rig.group.outputs()
+    rig.group.stop_all()
+    return Outcome(upto, expected, reader.finish(), db.rows(), publish_counts(beats))
+
+
 class Rig:
     """Everything one test starts, torn down in a safe order: the replicas first
     (resumed, then terminated or killed), then proxies, queues and tables."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, REDIS_URL, require
-from harness import US, Rig, check_slots, group_env, interval_slots, publish_counts, wait_for
+from harness import US, Rig, check_slots, collect, group_env, wait_for
 
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US
 
@@ -95,8 +95,7 @@ def test_skewed_and_stepped_clocks_neither_double_nor_fire_early(
     stepped.signal(signal.SIGSTOP)  # shorter than the lease: it keeps its claims
     alone_from = db.now_us()
     wait_for(
-        lambda: len(behind.sent_task_ids()) >= 2 * ENTRIES
-        and db.now_us() > alone_from + 2 * US,
+        lambda: len(behind.sent_task_ids()) >= 2 * ENTRIES and db.now_us() > alone_from + 2 * US,
         8,
         "the behind replica to send alone",
     )
@@ -105,16 +104,20 @@ def test_skewed_and_stepped_clocks_neither_double_nor_fire_early(
     behind.stop()
     stepped_at = db.now_us()
     wait_for(lambda: db.now_us() > stepped_at + 6 * US, 30, "6 s after the step")
-    assert stepped.alive(), rig.group.outputs()
-    upto = db.now_us() - 1 * US  # every slot up to here has had time to arrive
-    expected = {name: interval_slots(anchor, PERIOD_US, upto) for name, anchor in anchors.items()}
-    wanted = {(e, at) for e, slots in expected.items() for at in slots}
-    wait_for(lambda: wanted <= {m.slot for m in reader.messages()}, 15, "every expected slot")
-    rig.group.stop_all()
-    messages = reader.finish()
-    rows = db.rows()
+    out = collect(
+        rig,
+        reader,
+        db,
+        anchors,
+        PERIOD_US,
+        beats=beats,
+        alive=[stepped],
+        timeout=15,
+        upto_us=db.now_us() - US,  # every slot up to here has had time to arrive
+    )
+    upto, messages, rows = out.upto_us, out.messages, out.rows
 
-    report = check_slots(messages, expected, upto, rows, publish_counts(beats))
+    report = check_slots(messages, out.expected, upto, rows, out.published)
     assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
     # Claimed no earlier than due, on the database's clock: nobody fired early.
     early = [r for r in rows.values() if r.claimed_us < r.slot_us - EARLY_TOLERANCE_US]

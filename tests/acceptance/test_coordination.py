@@ -22,10 +22,9 @@ from harness import (
     QueueReader,
     Rig,
     check_slots,
+    collect,
     group_env,
-    interval_slots,
     max_gaps,
-    publish_counts,
     wait_for,
 )
 
@@ -154,20 +153,17 @@ def run_replicas_then_kill(
 
     # Long enough for a claim the victim left behind to expire and be taken over.
     _wait_db_time(db, killed_at + int(after_kill_s * US), survivors)
-    upto = db.now_us()
-    expected = {name: interval_slots(anchor, PERIOD_US, upto) for name, anchor in anchors.items()}
-    wanted = {(e, at) for e, slots in expected.items() for at in slots}
-    wait_for(
-        lambda: wanted <= {m.slot for m in reader.messages()},
-        LEASE + 10,
-        "every expected slot in the broker",
-        interval=0.2,
+    out = collect(
+        rig, reader, db, anchors, PERIOD_US, beats=beats, alive=survivors, timeout=LEASE + 10
     )
-    assert all(b.alive() for b in survivors), rig.group.outputs()
-    rig.group.stop_all()
-    messages = reader.finish()
-    rows = db.rows()
-    published = publish_counts(beats)
+    upto, expected, messages, rows, published = (
+        out.upto_us,
+        out.expected,
+        out.messages,
+        out.rows,
+        out.published,
+    )
+    wanted = {(e, at) for e, slots in expected.items() for at in slots}
 
     report = check_slots(messages, expected, upto, rows, published)
     assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()

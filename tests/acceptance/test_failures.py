@@ -21,6 +21,7 @@ from harness import (
     Rig,
     SlotRow,
     check_slots,
+    collect,
     group_env,
     interval_slots,
     publish_counts,
@@ -132,20 +133,15 @@ def test_replica_frozen_holding_a_claim(
 
     # Let the resumed replica take part again for a couple of ticks.
     _wait_db_time(db, resumed_at + 2 * US, beats)
-    upto = db.now_us()
-    expected = {name: interval_slots(a, PERIOD_US, upto) for name, a in anchors.items()}
-    wanted = {(e, at) for e, slots in expected.items() for at in slots}
-    wait_for(
-        lambda: wanted <= {m.slot for m in reader.messages()},
-        LEASE + 10,
-        "every expected slot in the broker",
-        interval=0.2,
+    out = collect(rig, reader, db, anchors, PERIOD_US, beats=beats, alive=beats, timeout=LEASE + 10)
+    upto, expected, messages, rows, published = (
+        out.upto_us,
+        out.expected,
+        out.messages,
+        out.rows,
+        out.published,
     )
-    assert all(b.alive() for b in beats), rig.group.outputs()
-    rig.group.stop_all()
-    messages = reader.finish()
-    rows = db.rows()
-    published = publish_counts(beats)
+    wanted = {(e, at) for e, slots in expected.items() for at in slots}
 
     copies = [m for m in messages if m.slot == slot]
     assert {m.task_id for m in copies} == {task_id}
