@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compat unit lint typecheck bench bench-quick clean
+.PHONY: demo test test-compat test-python unit lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ test-compat:
 	$(COMPAT)/bin/pip install --quiet "celery==$(CELERY_OLDEST)" "kombu==$(KOMBU_OLDEST)" -e '.[dev]'
 	$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
+# Unit and contract suites under another interpreter: make test-python PY=/path/to/python3.9
+PY ?= python3
+PYVENV = .venv-py-$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+test-python:
+	test -x $(PYVENV)/bin/python || $(PY) -m venv $(PYVENV)
+	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
+	$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/test_store_contract.py
+
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
@@ -46,4 +54,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py --quick
 
 clean:
-	rm -rf $(VENV) .venv-celery-* .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info
