@@ -250,7 +250,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             # Not an outage: retrying cannot help, so stop the process loudly.
             logger.critical("singlebeat: %s", exc)
             raise
-        states = self._store.register(list(self.schedule))
+        states = self._store.register(list(self.schedule), self.settings.replica_id)
         clock = self._store.clock
         now_us = clock.now_us()
         self._tracked.clear()

@@ -242,7 +242,7 @@ class MemoryStore(Store):
                     "on every replica"
                 )
 
-    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+    def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
         """See :meth:`Store.register`."""
         with self._round_trip("register entries") as now:
             wanted = set(names)

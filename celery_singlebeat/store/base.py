@@ -89,8 +89,11 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+    def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
         """Make sure every entry has a row and return the state of each.
+
+        ``owner`` (the replica id) is recorded on the rows it creates, so an
+        operator can tell which replica first saw an entry.
 
         A new entry gets ``anchor_us`` = the database's current time; an existing
         entry keeps its anchor (so restarts never reset interval countdowns).

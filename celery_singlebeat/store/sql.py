@@ -222,9 +222,8 @@ class SqlStore(Store):
                     raise
                 time.sleep(random.uniform(0.05, 0.3))
 
-    def register(self, names: Sequence[str]) -> dict[str, EntryState]:
+    def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
         payload = json.dumps(sorted(set(names)))
-        owner = "register"
 
         def work(conn: Connection) -> dict[str, EntryState]:
             if names:
