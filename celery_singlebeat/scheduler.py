@@ -68,6 +68,9 @@ class _Tracked:
     name: str = field(compare=True)
     sequence: SlotSequence = field(compare=False, repr=False)
     policy: MissedPolicy = field(compare=False, repr=False)
+    #: slots at or after ``next_us`` this replica already won: after a claim that
+    #: refused some slots as early, the entry is planned again from before them.
+    won: set[int] = field(default_factory=set, compare=False, repr=False)
 
 
 def _is_connection_error(exc: BaseException, producer: Any) -> bool:
@@ -318,7 +321,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         for tracked in due:
             plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
             plans.append((tracked, plan))
-            keys.extend(SlotKey(tracked.name, at) for at in plan.propose)
+            keys.extend(SlotKey(tracked.name, at) for at in plan.propose if at not in tracked.won)
         started = time.monotonic()
         try:
             won = store.claim(self.settings.replica_id, keys, self.settings.lease_us)
@@ -328,13 +331,26 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 heapq.heappush(heap, tracked)
             raise
         early = self._refused_as_early(keys, won) if len(won) < len(keys) else {}
+        won_early: dict[str, list[int]] = {}
+        if early:
+            for claim in won:
+                if claim.entry in early:
+                    won_early.setdefault(claim.entry, []).append(claim.slot_us)
         for tracked, plan in plans:
             if tracked.name in early:
-                # Proposed before it was due on the database's clock (ours ran
-                # ahead): propose it again when it is due instead of losing it.
-                tracked.next_us = early[tracked.name]
+                # Proposed before it was due on the database's clock: our "now" ran
+                # ahead (a clock step), so this plan also judged slots as missed
+                # that are not, and coalesce/skip did not propose them. Forget the
+                # plan, its skips included: the entry stays at the slot it stood
+                # at before it, and is planned again with the clock the claim's
+                # round trip has just corrected. Slots it won now are not proposed
+                # again.
+                tracked.won.update(won_early.get(tracked.name, ()))
                 heapq.heappush(heap, tracked)
                 continue
+            if tracked.won:
+                after = plan.next_us
+                tracked.won = {at for at in tracked.won if after is not None and at >= after}
             if plan.skipped:
                 self._report_skipped(
                     tracked.name,

@@ -25,7 +25,7 @@ from kombu.messaging import Producer
 from kombu.simple import SimpleQueue
 
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler
-from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
 from celery_singlebeat.store.base import SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
@@ -43,6 +43,20 @@ class Sent:
     task_id: str
     headers: dict[str, Any]
     properties: dict[str, Any]
+
+
+class SteppableClock(DatabaseClock):
+    """A replica's estimate of the database clock, over a local wall clock that
+    is the database's plus ``step_us``: set it to step the pod's clock. As on a
+    real pod, the estimate is wrong by the step until the next round trip."""
+
+    def __init__(self, source: Callable[[], int]) -> None:
+        super().__init__()
+        self._source = source
+        self.step_us = 0
+
+    def local_us(self) -> int:
+        return self._source() + self.step_us
 
 
 @dataclass
@@ -63,6 +77,12 @@ class Harness:
 
     def replica(self, **kwargs: Any) -> MemoryScheduler:
         return MemoryScheduler(self.app, store=self.store, **kwargs)
+
+    def steppable(self) -> SteppableClock:
+        """A fresh store whose replicas' local clock can step (before any replica)."""
+        local = SteppableClock(self.clock)
+        self.store = MemoryStore(now_us=self.clock, clock=local)
+        return local
 
     def drain(self) -> list[Sent]:
         """Every message published since the last drain, in order."""
@@ -311,6 +331,83 @@ def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
     healthy = harness.replica()
     healthy.tick()
     assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
+
+
+# -- clock steps --------------------------------------------------------------
+
+#: a sweep or a prune round trip would correct a stepped clock before the claim
+#: does: with these, neither comes round again while a test runs (100 s, 60 s).
+NO_SWEEP = {"singlebeat_lease": 300, "singlebeat_retention": 3600}
+
+
+@pytest.mark.parametrize("stall", [0, 20])
+def test_a_lone_replica_whose_clock_steps_forward_loses_no_slot(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture, stall: int
+) -> None:
+    # Its clock jumps 100 periods ahead: its plan sees t0+2..t0+95 as missed
+    # (coalesce proposes none of them, an on-time slot follows) and proposes
+    # t0+96..t0+101, which the store refuses as early. Every slot must still be
+    # sent once the database's clock reaches it; the missed-run policy applies
+    # only to slots missed on that clock (here when the replica then stalls).
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"job": every(1)}, **NO_SWEEP)
+    local = harness.steppable()
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert [m.at_us for m in harness.drain()] == [t0 + US]
+
+    local.step_us = 100 * US
+    replica.tick()
+    assert harness.drain() == []
+    assert replica.stats["skipped"] == 0  # that plan judged with the stepped clock
+
+    harness.clock.advance(stall * SECOND)  # a replica stalled that long, then ticks
+    replica.tick()
+    for _ in range(110):
+        harness.clock.advance(SECOND)
+        replica.tick()
+    sent = [(m.at_us - t0) // US for m in harness.drain()]
+    missed = list(range(2, stall - 4)) if stall else []  # older than the 5 s grace
+    assert sent == [s for s in range(2, stall + 112) if s not in missed]
+    assert replica.stats["skipped"] == len(missed)
+    skips = [r.getMessage() for r in caplog.records if "missed slot(s)" in r.getMessage()]
+    if stall:
+        [line] = skips
+        assert f"{len(missed)} missed slot(s) {_iso(t0 + 2 * US)}..{_iso(t0 + 15 * US)}" in line
+    else:
+        assert skips == []
+
+
+def test_a_slot_won_in_a_tick_that_was_refused_as_early_is_not_proposed_again(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A small step: t0+2 is due and won, t0+3..t0+5 are refused as early. The
+    # entry is planned again from t0+2, without proposing t0+2 a second time.
+    caplog.set_level(logging.DEBUG, logger="celery_singlebeat")
+    harness = harness_for({"job": every(1)}, **NO_SWEEP)
+    local = harness.steppable()
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(SECOND)
+    replica.tick()
+    harness.clock.advance(SECOND)
+    local.step_us = 3 * US
+    replica.tick()
+    assert [(m.at_us - t0) // US for m in harness.drain()] == [1, 2]
+    for _ in range(6):
+        harness.clock.advance(SECOND)
+        replica.tick()
+    assert [(m.at_us - t0) // US for m in harness.drain()] == list(range(3, 9))
+    assert not [r for r in caplog.records if "lost slot job@" + _iso(t0 + 2 * US) in r.message]
+    assert replica.stats["claimed"] == 8
+
+
+def _iso(at_us: int) -> str:
+    return us_to_datetime(at_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # -- outages ------------------------------------------------------------------
