@@ -37,7 +37,7 @@ from .slots import (
     slot_header,
     slot_task_id,
 )
-from .store.base import Claim, SlotKey, Store
+from .store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
 from .store.schema import MAX_ENTRY_NAME
 
 logger = logging.getLogger("celery_singlebeat")
@@ -330,7 +330,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             for tracked in due:
                 heapq.heappush(heap, tracked)
             raise
-        early = self._refused_as_early(keys, won) if len(won) < len(keys) else {}
+        mine = {c.key for c in won}
+        refused = [key for key in keys if key not in mine] if len(won) < len(keys) else []
+        early_keys = self._refused_as_early(refused, now_us) if refused else set()
+        early: set[str] = {key.entry for key in early_keys}
         won_early: dict[str, list[int]] = {}
         if early:
             for claim in won:
@@ -338,13 +341,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     won_early.setdefault(claim.entry, []).append(claim.slot_us)
         for tracked, plan in plans:
             if tracked.name in early:
-                # Proposed before it was due on the database's clock: our "now" ran
-                # ahead (a clock step), so this plan also judged slots as missed
-                # that are not, and coalesce/skip did not propose them. Forget the
-                # plan, its skips included: the entry stays at the slot it stood
-                # at before it, and is planned again with the clock the claim's
-                # round trip has just corrected. Slots it won now are not proposed
-                # again.
+                # Proposed before it was due on the database's clock. When our
+                # "now" ran ahead (a clock step), this plan also judged slots as
+                # missed that are not, and coalesce/skip did not propose them.
+                # Forget the plan, its skips included: the entry stays at the slot
+                # it stood at before it, and is planned again with the clock the
+                # claim's round trip has just corrected. Slots it won now are not
+                # proposed again.
                 tracked.won.update(won_early.get(tracked.name, ()))
                 heapq.heappush(heap, tracked)
                 continue
@@ -364,46 +367,55 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 heapq.heappush(heap, tracked)
             else:
                 self._tracked.pop(tracked.name, None)
+        # Slots refused before they were due are proposed again: not lost (yet).
+        lost = [key for key in refused if key not in early_keys]
         self.stats["claimed"] += len(won)
-        self.stats["lost"] += len(keys) - len(won)
-        if logger.isEnabledFor(logging.DEBUG) and len(won) < len(keys):
-            mine = {c.key for c in won}
-            for key in keys:
-                if key not in mine:
-                    logger.debug(
-                        "singlebeat: replica %s lost slot %s@%s to another replica",
-                        self.settings.replica_id,
-                        key.entry,
-                        _fmt(key.slot_us),
-                    )
+        self.stats["lost"] += len(lost)
+        if logger.isEnabledFor(logging.DEBUG):
+            for key in lost:
+                logger.debug(
+                    "singlebeat: replica %s lost slot %s@%s to another replica",
+                    self.settings.replica_id,
+                    key.entry,
+                    _fmt(key.slot_us),
+                )
         self._publish_and_confirm(won, started)
 
-    def _refused_as_early(self, keys: list[SlotKey], won: list[Claim]) -> dict[str, int]:
-        """Earliest not-won slot per entry that is still in the future.
+    def _refused_as_early(self, refused: list[SlotKey], planned_now_us: int) -> set[SlotKey]:
+        """The not-won slots that are still in the future: proposed again when due.
 
-        The claim refuses slots ahead of the database's clock, and its round trip
-        has just corrected our estimate of that clock. A not-won slot still in
-        the future was refused as early (or won by a replica that ran ahead
-        within the tolerance: proposing it again then simply loses again).
+        The claim refuses slots more than :data:`EARLY_TOLERANCE_US` ahead of the
+        database's clock, and its round trip has just corrected our estimate of
+        that clock. A not-won slot still in the future was refused as early, or
+        won by a replica that ran ahead within the tolerance (proposing it again
+        then simply loses it). Only a slot beyond the tolerance proves that our
+        estimate ran ahead (a clock step): that is worth a WARNING; the rest,
+        a few ms of estimate error or another replica's early win, is DEBUG.
         """
         store = self._store
         assert store is not None
         now_us = store.clock.now_us()
-        mine = {c.key for c in won}
-        early: dict[str, int] = {}
-        for key in keys:
-            if (
-                key.slot_us > now_us
-                and key not in mine
-                and key.slot_us < early.get(key.entry, key.slot_us + 1)
-            ):
-                early[key.entry] = key.slot_us
-        if early:
+        early = {key for key in refused if key.slot_us > now_us}
+        if not early:
+            return early
+        stepped = any(key.slot_us > now_us + EARLY_TOLERANCE_US for key in early)
+        if stepped:
             logger.warning(
                 "singlebeat: replica %s proposed %d slot(s) before they were due on the "
-                "database's clock (its clock stepped?); proposing them again when due",
+                "database's clock (its clock stepped? it ran %.3fs ahead); proposing them "
+                "again when due",
                 self.settings.replica_id,
                 len(early),
+                (planned_now_us - now_us) / US,
+            )
+        elif logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "singlebeat: replica %s did not win %d slot(s) not yet due on the database's "
+                "clock (won early by another replica, within the %d ms tolerance, or its "
+                "own clock estimate moved back); proposing them again when due",
+                self.settings.replica_id,
+                len(early),
+                EARLY_TOLERANCE_US // 1000,
             )
         return early
 

@@ -406,6 +406,46 @@ def test_a_slot_won_in_a_tick_that_was_refused_as_early_is_not_proposed_again(
     assert replica.stats["claimed"] == 8
 
 
+def test_the_early_refusal_warning_counts_slots_and_needs_a_clock_ahead(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)}, **NO_SWEEP)
+    local = harness.steppable()
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+
+    def early_lines(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == level and "before they were due" in r.getMessage()
+        ]
+
+    # No step: another replica, its estimate 200 ms ahead (within the tolerance),
+    # won a@t0+1 early; ours is 100 ms ahead: we lose it, and after the claim's
+    # round trip it is still a few ms in the future. Not a clock step: DEBUG.
+    harness.clock.advance(timedelta(milliseconds=800))
+    harness.store.claim("replica-b", [SlotKey("a", t0 + US)], 10 * US)
+    harness.clock.advance(timedelta(milliseconds=100))
+    local.step_us = 100_000
+    replica.tick()
+    assert early_lines(logging.WARNING) == []
+    assert any("did not win 1 slot(s) not yet due" in r.getMessage() for r in caplog.records)
+    assert [m.entry for m in harness.drain()] == ["b"]
+    harness.clock.advance(timedelta(milliseconds=100))
+    replica.tick()  # proposed again when due: lost, and counted once
+    assert replica.stats["lost"] == 1 and harness.drain() == []
+
+    # A 10 s step: 2 entries x 6 slots refused as early, one WARNING counting slots.
+    local.step_us += 10 * US
+    replica.tick()
+    [line] = early_lines(logging.WARNING)
+    assert "proposed 12 slot(s)" in line and "ran 10.000s ahead" in line
+    assert replica.stats["lost"] == 1
+
+
 def _iso(at_us: int) -> str:
     return us_to_datetime(at_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
