@@ -455,11 +455,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         published: list[Claim] = []
         failed: list[Claim] = []
         expired: list[Claim] = []
+        untried = 0
         producer = None
         self._broker_down = False
         for claim in claims:
             if self._broker_down:
                 failed.append(claim)
+                untried += 1
                 continue
             if time.monotonic() >= deadline:
                 expired.append(claim)
@@ -487,11 +489,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 expired[0].entry,
                 _fmt(expired[0].slot_us),
             )
-        if self._broker_down and len(failed) > 1:
+        if untried:
             logger.error(
                 "singlebeat: broker unreachable; released %d claimed slots without trying "
                 "them, for whichever replica reaches the broker first",
-                len(failed) - 1,
+                untried,
             )
         if failed or expired:
             store.release(self.settings.replica_id, failed + expired)

@@ -333,6 +333,36 @@ def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
     assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
 
 
+class RefusingThenUnreachable(Producer):  # type: ignore[misc]
+    """The broker refuses the first message, then cannot be reached at all."""
+
+    attempts = 0
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        type(self).attempts += 1
+        if type(self).attempts == 1:
+            raise RuntimeError("broker refused the message")
+        raise KombuOperationalError("[Errno 111] Connection refused")
+
+
+def test_the_broker_error_line_counts_only_the_slots_released_untried(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # job-0 fails on its own (a bad message), job-1 finds the broker gone, and
+    # only job-2 and job-3 are released without being tried.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({f"job-{i}": every(1) for i in range(4)})
+    RefusingThenUnreachable.attempts = 0
+    replica = harness.replica(Producer=RefusingThenUnreachable)
+    replica.tick()
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert RefusingThenUnreachable.attempts == 2
+    [line] = [r.getMessage() for r in caplog.records if "broker unreachable" in r.getMessage()]
+    assert "released 2 claimed slots without trying them" in line
+    assert all(row.state == 0 and row.lease_until_us == 0 for row in harness.store.slot_rows())
+
+
 # -- clock steps --------------------------------------------------------------
 
 #: a sweep or a prune round trip would correct a stepped clock before the claim
