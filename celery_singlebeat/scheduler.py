@@ -459,18 +459,20 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         producer = None
         self._broker_down = False
         for claim in claims:
+            entry = self.schedule.get(claim.entry)
+            if entry is None:
+                # A slot of an entry this replica's schedule does not have (rolling
+                # restart, or an entry removed while its slot was in flight): held
+                # back for a replica that has it, also after a broker error or
+                # past the deadline, or it would bounce between sweeps.
+                unknown.append(claim)
+                continue
             if self._broker_down:
                 failed.append(claim)
                 untried += 1
                 continue
             if time.monotonic() >= deadline:
                 expired.append(claim)
-                continue
-            entry = self.schedule.get(claim.entry)
-            if entry is None:
-                # A slot of an entry this replica's schedule does not have (rolling
-                # restart, or an entry removed while its slot was in flight).
-                unknown.append(claim)
                 continue
             if producer is None:
                 producer = self.producer

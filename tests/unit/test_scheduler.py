@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.messaging import Producer
 from kombu.simple import SimpleQueue
 
-from celery_singlebeat import ConfigurationError, SingleBeatScheduler
+from celery_singlebeat import ConfigurationError, SingleBeatScheduler, signals
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
 from celery_singlebeat.store.base import SlotKey
@@ -299,6 +300,50 @@ def test_a_slot_of_an_entry_this_replica_lacks_is_handed_back_for_later(
         slot_task_id("old", slot),
     )
     assert dead.fence == 1 and older.stats["taken_over"] == 1
+
+
+@pytest.mark.parametrize("reason", ["broker error", "publish deadline"])
+def test_a_slot_of_an_unknown_entry_is_held_back_after_a_failed_batch_too(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch, reason: str
+) -> None:
+    # A sweep takes over job@t0 and old@t0 (in that order); publishing job fails
+    # (broker unreachable) or runs past the publish deadline. The slot of "old",
+    # which this replica does not have, is held back for singlebeat_retention
+    # like any slot of an unknown entry, not released for the next sweep.
+    harness = harness_for({"job": every(60)})
+    store = harness.store
+    store.prepare(create=True)
+    store.register(["job", "old"])
+    t0 = harness.t0_us
+    store.claim("dead-replica", [SlotKey("job", t0), SlotKey("old", t0)], US)
+    harness.clock.advance(2 * SECOND)
+
+    if reason == "broker error":
+        UnreachableBroker.attempts = 0
+        replica = harness.replica(Producer=UnreachableBroker)
+        replica.tick()
+    else:
+        replica = harness.replica()
+        shift = [0.0]
+        real = time.monotonic
+        monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+
+        def stall(**_: Any) -> None:  # a slow receiver: the lease runs out
+            shift[0] += replica.settings.lease.total_seconds()
+
+        signals.slot_claimed.connect(stall)
+        try:
+            replica.tick()
+        finally:
+            signals.slot_claimed.disconnect(stall)
+    assert harness.drain() == []
+    rows = {row.entry: row for row in store.slot_rows()}
+    assert (rows["job"].state, rows["job"].lease_until_us) == (0, 0)
+    now = t0 + 2 * US
+    assert (rows["old"].state, rows["old"].lease_until_us) == (
+        0,
+        now + replica.settings.retention_us,
+    )
 
 
 class UnreachableBroker(Producer):  # type: ignore[misc]
