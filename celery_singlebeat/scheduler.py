@@ -120,6 +120,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
         self._unconfirmed: list[Claim] = []
+        #: slots this replica may still hold in the store without working on them,
+        #: so that winning one back is not mistaken for a takeover: key -> (fence
+        #: it released them at, or None when a claim's answer was lost; when).
+        self._held: dict[SlotKey, tuple[int | None, float]] = {}
         self._warned_unknown: set[str] = set()
         self._broker_down = False
         #: per-tick figures, read by benchmarks and tests.
@@ -326,7 +330,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         try:
             won = store.claim(self.settings.replica_id, keys, self.settings.lease_us)
         except StoreUnavailable:
-            # Nothing was decided: keep the slots due, the next attempt proposes them again.
+            # No answer: keep the slots due, the next attempt proposes them again.
+            # The claim may have been applied all the same: the retry then wins
+            # our own claims again (fence + 1), which is not a takeover.
+            lost_at = time.monotonic()
+            for key in keys:
+                self._held[key] = (None, lost_at)
             for tracked in due:
                 heapq.heappush(heap, tracked)
             raise
@@ -369,6 +378,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 self._tracked.pop(tracked.name, None)
         # Slots refused before they were due are proposed again: not lost (yet).
         lost = [key for key in refused if key not in early_keys]
+        if self._held:
+            for key in lost:
+                self._held.pop(key, None)  # not ours: our retry would have won it
+        taken = {c.key for c in won if self._taken_from_another(c)}
         self.stats["claimed"] += len(won)
         self.stats["lost"] += len(lost)
         if logger.isEnabledFor(logging.DEBUG):
@@ -379,7 +392,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     key.entry,
                     _fmt(key.slot_us),
                 )
-        self._publish_and_confirm(won, started)
+        self._publish_and_confirm(won, started, taken)
 
     def _refused_as_early(self, refused: list[SlotKey], planned_now_us: int) -> set[SlotKey]:
         """The not-won slots that are still in the future: proposed again when due.
@@ -423,26 +436,64 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         started = time.monotonic()
-        taken = store.take_over(
+        if self._held:
+            # Forget what another replica has long taken over (or sent) by now.
+            horizon = started - 2 * self.settings.retention.total_seconds()
+            self._held = {k: v for k, v in self._held.items() if v[1] >= horizon}
+        claims = store.take_over(
             self.settings.replica_id, self.settings.lease_us, self.settings.takeover_batch
         )
-        if not taken:
+        if not claims:
             return
+        taken: set[SlotKey] = set()
+        for claim in claims:
+            if self._taken_from_another(claim):
+                taken.add(claim.key)
+                logger.warning(
+                    "singlebeat: replica %s took over slot %s@%s (task id %s, fence %d): "
+                    "its previous owner did not confirm within the %gs lease",
+                    self.settings.replica_id,
+                    claim.entry,
+                    _fmt(claim.slot_us),
+                    slot_task_id(claim.entry, claim.slot_us),
+                    claim.fence,
+                    self.settings.lease.total_seconds(),
+                )
+            else:
+                logger.info(
+                    "singlebeat: replica %s took back slot %s@%s (task id %s, fence %d): "
+                    "its own claim, which it had released or whose answer it had lost",
+                    self.settings.replica_id,
+                    claim.entry,
+                    _fmt(claim.slot_us),
+                    slot_task_id(claim.entry, claim.slot_us),
+                    claim.fence,
+                )
         self.stats["taken_over"] += len(taken)
-        for claim in taken:
-            logger.warning(
-                "singlebeat: replica %s took over slot %s@%s (task id %s, fence %d): "
-                "its previous owner did not confirm within the %gs lease",
-                self.settings.replica_id,
-                claim.entry,
-                _fmt(claim.slot_us),
-                slot_task_id(claim.entry, claim.slot_us),
-                claim.fence,
-                self.settings.lease.total_seconds(),
-            )
-        self._publish_and_confirm(taken, started)
+        self._publish_and_confirm(claims, started, taken)
 
-    def _publish_and_confirm(self, claims: list[Claim], claimed_at: float) -> None:
+    def _taken_from_another(self, claim: Claim) -> bool:
+        """True when another replica held ``claim``'s slot before us (a takeover).
+
+        The store only tells that the row changed hands (``fence > 1``), also
+        when it went back to this replica: a claim it released (won back at the
+        next fence, nobody else held it in between) or a claim whose answer was
+        lost (the fence it got is unknown: winning it back is taken as ours,
+        which is wrong only if that claim never reached the database and
+        another replica held the slot and abandoned it meanwhile).
+        """
+        held = self._held.pop(claim.key, None)
+        if claim.fence == 1:
+            return False
+        if held is None:
+            return True
+        fence = held[0]
+        return fence is not None and claim.fence != fence + 1
+
+    def _publish_and_confirm(
+        self, claims: list[Claim], claimed_at: float, taken_over: set[SlotKey]
+    ) -> None:
+        """Publish and confirm ``claims``; ``taken_over``: keys another replica held."""
         if not claims:
             return
         store = self._store
@@ -476,7 +527,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 continue
             if producer is None:
                 producer = self.producer
-            outcome = self._publish(entry, claim, producer, deadline)
+            outcome = self._publish(entry, claim, producer, deadline, claim.key in taken_over)
             if outcome is None:
                 expired.append(claim)
             elif outcome:
@@ -497,6 +548,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 "them, for whichever replica reaches the broker first",
                 untried,
             )
+        if failed or expired or unknown:
+            released_at = time.monotonic()
+            for claim in failed + expired + unknown:
+                self._held[claim.key] = (claim.fence, released_at)
         if failed or expired:
             store.release(self.settings.replica_id, failed + expired)
         if unknown:
@@ -553,10 +608,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             )
 
     def _publish(
-        self, entry: ScheduleEntry, claim: Claim, producer: Any, deadline: float
+        self, entry: ScheduleEntry, claim: Claim, producer: Any, deadline: float, taken_over: bool
     ) -> bool | None:
         """Publish one claimed slot: True when sent, False when publishing failed,
-        None when the lease may have run out first (nothing was sent)."""
+        None when the lease may have run out first (nothing was sent).
+        ``taken_over``: another replica held the slot before us."""
         task_id = slot_task_id(claim.entry, claim.slot_us)
         slot = us_to_datetime(claim.slot_us)
         details = {
@@ -564,7 +620,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             "slot": slot,
             "task_id": task_id,
             "fence": claim.fence,
-            "taken_over": claim.taken_over,
+            "taken_over": taken_over,
         }
         if signals.slot_claimed.receivers:
             signals.slot_claimed.send(sender=self, **details)
@@ -616,7 +672,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             logger.info(
                 "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
                 self.settings.replica_id,
-                "took over" if claim.taken_over else "won",
+                "took over" if taken_over else "won",
                 claim.entry,
                 _fmt(claim.slot_us),
                 entry.task,

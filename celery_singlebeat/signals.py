@@ -4,6 +4,9 @@ Each receives ``sender`` (the scheduler) and keyword arguments:
 
 * :data:`slot_claimed` — ``entry``, ``slot`` (aware UTC datetime), ``task_id``,
   ``fence``, ``taken_over``: this replica won the slot and is about to publish.
+  ``taken_over`` is True when another replica held the slot before, False for
+  a new claim and for this replica's own claim won back (a retry after a lost
+  answer, or a slot it had released).
 * :data:`slot_published` — same arguments: the message left for the broker and
   the confirm has not been written yet.
 * :data:`slots_skipped` — ``entry``, ``count``, ``first``, ``last``: the missed-run

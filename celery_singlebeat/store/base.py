@@ -54,7 +54,14 @@ class Claim(NamedTuple):
 
     @property
     def taken_over(self) -> bool:
-        """True when another replica held this slot before (it died or stalled)."""
+        """True when the row changed hands before this claim (``fence > 1``).
+
+        That is a takeover from another replica (it died, stalled or released
+        the slot), or the same owner winning its own claim again: a retry after
+        the answer to its claim was lost, or a slot it had released. Stores do
+        not record previous owners, so this cannot tell the two apart; the
+        scheduler does, from the claims it knows it may still hold.
+        """
         return self.fence > 1
 
 

@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -27,8 +27,9 @@ from kombu.simple import SimpleQueue
 
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler, signals
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.exceptions import StoreUnavailable
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
-from celery_singlebeat.store.base import SlotKey
+from celery_singlebeat.store.base import Claim, SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
 
 TASK = "sbtest.probe"
@@ -344,6 +345,117 @@ def test_a_slot_of_an_unknown_entry_is_held_back_after_a_failed_batch_too(
         0,
         now + replica.settings.retention_us,
     )
+
+
+class LosingClaimAnswers(MemoryStore):
+    """A store whose next claim is applied but whose answer is lost."""
+
+    lose_next_claim = False
+
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+        won = super().claim(owner, slots, lease_us)
+        if self.lose_next_claim:
+            self.lose_next_claim = False
+            raise StoreUnavailable("claim failed: connection lost before the answer")
+        return won
+
+
+@pytest.fixture
+def claimed_signals() -> Iterator[list[dict[str, Any]]]:
+    """What slot_claimed and slot_published said, in order."""
+    seen: list[dict[str, Any]] = []
+
+    def record(signal: Any = None, **details: Any) -> None:
+        seen.append(details)
+
+    signals.slot_claimed.connect(record)
+    signals.slot_published.connect(record)
+    yield seen
+    signals.slot_claimed.disconnect(record)
+    signals.slot_published.disconnect(record)
+
+
+def publish_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if ": sent " in r.getMessage()]
+
+
+def test_winning_back_its_own_claim_after_a_lost_answer_is_not_a_takeover(
+    harness_for: Callable[..., Harness],
+    caplog: pytest.LogCaptureFixture,
+    claimed_signals: list[dict[str, Any]],
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"job": every(1)})
+    store = harness.store = LosingClaimAnswers(now_us=harness.clock)
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(SECOND)
+    store.lose_next_claim = True
+    replica.tick()  # the claim is applied, its answer lost: an outage
+    assert replica.stats["outages"] == 1
+    replica.tick()  # the retry wins the replica's own claim again
+    [message] = harness.drain()
+    assert message.at_us == t0 + US
+    [row] = store.slot_rows()
+    assert (row.state, row.fence) == (1, 2)
+    [line] = publish_lines(caplog)
+    assert " won slot job@" in line
+    assert [(d["fence"], d["taken_over"]) for d in claimed_signals] == [(2, False)] * 2
+    assert replica.stats["taken_over"] == 0
+
+
+@pytest.mark.parametrize("taker", ["itself", "another replica"])
+def test_a_released_slot_is_taken_over_only_by_another_replica(
+    harness_for: Callable[..., Harness],
+    caplog: pytest.LogCaptureFixture,
+    claimed_signals: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    taker: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"job": every(1)})
+    t0 = harness.t0_us
+    FlakyBroker.down = True
+    replica = harness.replica(Producer=FlakyBroker)
+    replica.tick()
+    harness.clock.advance(SECOND)
+    replica.tick()  # claimed, the publish fails, the claim is released
+    FlakyBroker.down = False
+    claimed_signals.clear()
+    if taker == "itself":
+        shift = [0.0]
+        real = time.monotonic
+        monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+        shift[0] += replica.settings.lease.total_seconds()  # its next sweep is due
+        replica.tick()
+        sweeper = replica
+    else:
+        sweeper = harness.replica()
+        sweeper.tick()
+    [message] = harness.drain()
+    assert message.at_us == t0 + US
+    [row] = harness.store.slot_rows()
+    assert (row.state, row.fence, row.owner) == (1, 2, sweeper.settings.replica_id)
+    took_over = taker != "itself"
+    assert [d["taken_over"] for d in claimed_signals] == [took_over] * 2
+    assert sweeper.stats["taken_over"] == int(took_over)
+    [line] = publish_lines(caplog)
+    assert (" took over slot job@" in line) == took_over
+    warnings = [r for r in caplog.records if "took over slot job@" in r.getMessage()]
+    assert bool(warnings) == took_over
+    assert any("took back slot job@" in r.getMessage() for r in caplog.records) != took_over
+
+
+class FlakyBroker(Producer):  # type: ignore[misc]
+    """A producer whose broker is unreachable while ``down`` is set."""
+
+    down = False
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        if type(self).down:
+            raise KombuOperationalError("[Errno 111] Connection refused")
+        return super().publish(*args, **kwargs)
 
 
 class UnreachableBroker(Producer):  # type: ignore[misc]
