@@ -8,6 +8,7 @@ setting and the fix. Durations accept a ``timedelta`` or a number of seconds.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
@@ -28,6 +29,9 @@ DEFAULT_URL = "sqlite:///celery-singlebeat.sqlite"
 DEFAULT_MAX_LOOP_INTERVAL = timedelta(seconds=5)
 
 SUPPORTED_BACKENDS = ("postgresql", "mysql", "mariadb", "sqlite")
+
+#: ``singlebeat_table_prefix``: an unquoted SQL identifier start, 30 characters at most.
+_TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 
 
 def _duration(name: str, value: Any) -> timedelta:
@@ -184,10 +188,12 @@ class Settings:
         missed = parse_missed_policy("singlebeat_", conf, default_policy)
 
         prefix = conf.get("singlebeat_table_prefix", "singlebeat_")
-        if not isinstance(prefix, str) or not prefix.replace("_", "").isalnum() or len(prefix) > 30:
+        # ASCII only: str.isalnum() also accepts "é", "²" or "٣", which the
+        # table names (and MySQL's 64-byte identifier limit) should not see.
+        if not isinstance(prefix, str) or not _TABLE_PREFIX.fullmatch(prefix):
             raise ConfigurationError(
-                f"singlebeat_table_prefix={prefix!r}: use letters, digits and underscores "
-                "(at most 30 characters)"
+                f"singlebeat_table_prefix={prefix!r}: use ASCII letters, digits and "
+                "underscores, starting with a letter or an underscore (at most 30 characters)"
             )
         engine_options = conf.get("singlebeat_engine_options") or {}
         if not isinstance(engine_options, Mapping):

@@ -193,13 +193,30 @@ def test_bad_missed_max(value: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "prefix", ["", "bad-prefix", "has space_", "semi;colon", "x" * 31, 5, None]
+    "prefix",
+    [
+        "",
+        "bad-prefix",
+        "has space_",
+        "semi;colon",
+        "x" * 31,
+        5,
+        None,
+        # str.isalnum() accepts these: non-ASCII letters and digits
+        "béat_",
+        "ßeat",
+        "beat²_",
+        "beat٣",
+        "sb_\n",
+        # a digit first
+        "2beat_",
+    ],
 )
 def test_bad_table_prefix(prefix: Any) -> None:
     assert str(refused({"singlebeat_table_prefix": prefix})).startswith("singlebeat_table_prefix=")
 
 
-@pytest.mark.parametrize("prefix", ["x" * 30, "sb_", "Beat2"])
+@pytest.mark.parametrize("prefix", ["x" * 30, "sb_", "Beat2", "_sb", "_"])
 def test_good_table_prefix(prefix: str) -> None:
     assert Settings.from_conf({"singlebeat_table_prefix": prefix}).table_prefix == prefix
 
