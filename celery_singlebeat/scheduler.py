@@ -28,6 +28,7 @@ from . import signals
 from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
+from .publishing import PublishGroup
 from .slots import (
     SLOT_HEADER,
     MissedPolicy,
@@ -428,29 +429,40 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         failed: list[Claim] = []
         expired: list[Claim] = []
         producer = None
+        group: PublishGroup[tuple[Claim, ScheduleEntry]] | None = None
         self._broker_down = False
-        for claim in claims:
-            if self._broker_down:
-                failed.append(claim)
-                continue
-            if time.monotonic() >= deadline:
-                expired.append(claim)
-                continue
-            entry = self.schedule.get(claim.entry)
-            if entry is None:
-                # A slot of an entry this replica's schedule does not have (rolling
-                # restart, or an entry removed while its slot was in flight).
-                unknown.append(claim)
-                continue
-            if producer is None:
-                producer = self.producer
-            outcome = self._publish(entry, claim, producer, deadline)
-            if outcome is None:
-                expired.append(claim)
-            elif outcome:
-                published.append(claim)
-            else:
-                failed.append(claim)
+        try:
+            for claim in claims:
+                if self._broker_down:
+                    failed.append(claim)
+                    continue
+                if time.monotonic() >= deadline:
+                    expired.append(claim)
+                    continue
+                entry = self.schedule.get(claim.entry)
+                if entry is None:
+                    # A slot of an entry this replica's schedule does not have (rolling
+                    # restart, or an entry removed while its slot was in flight).
+                    unknown.append(claim)
+                    continue
+                if producer is None:
+                    producer = self.producer
+                    group = PublishGroup(producer)
+                assert group is not None
+                outcome = self._publish(entry, claim, producer, deadline)
+                if outcome is None:
+                    expired.append(claim)
+                elif outcome:
+                    published.extend(self._handed_over(group.added((claim, entry))))
+                else:
+                    failed.append(claim)
+                if group.full:
+                    self._flush(group, deadline, published, failed, expired)
+            if group is not None:
+                self._flush(group, deadline, published, failed, expired)
+        finally:
+            if group is not None:
+                group.close()
         if expired:
             logger.warning(
                 "singlebeat: lease ran out before %d claimed slots were published "
@@ -580,19 +592,66 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 entry.task,
             )
             return False
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
-                self.settings.replica_id,
-                "took over" if claim.taken_over else "won",
-                claim.entry,
-                _fmt(claim.slot_us),
-                entry.task,
-                task_id,
-            )
-        if signals.slot_published.receivers:
-            signals.slot_published.send(sender=self, **details)
         return True
+
+    def _flush(
+        self,
+        group: PublishGroup[tuple[Claim, ScheduleEntry]],
+        deadline: float,
+        published: list[Claim],
+        failed: list[Claim],
+        expired: list[Claim],
+    ) -> None:
+        """Hand the buffered messages to the broker, if our lease still allows it."""
+        if not group.pipelined:
+            return
+        if time.monotonic() >= deadline:
+            # Same rule as for one message: never hand one over once the lease
+            # may be another replica's. Nothing of the group has left.
+            expired.extend(claim for claim, _ in group.discard())
+            return
+        try:
+            published.extend(self._handed_over(group.flush()))
+        except Exception:
+            # The pipeline may have run in part: these messages are uncertain.
+            # Released, they are sent again with the same task ids by whichever
+            # replica takes them over; the rest of the batch is not tried.
+            uncertain = [claim for claim, _ in group.discard()]
+            logger.exception(
+                "singlebeat: handing %d messages to the broker failed (delivery "
+                "uncertain); releasing them so that a replica sends them again",
+                len(uncertain),
+            )
+            failed.extend(uncertain)
+            self._broker_down = True
+
+    def _handed_over(self, done: list[tuple[Claim, ScheduleEntry]]) -> list[Claim]:
+        """Log and signal messages that reached the broker; returns their claims."""
+        info = logger.isEnabledFor(logging.INFO)
+        signal = bool(signals.slot_published.receivers)
+        if info or signal:
+            for claim, entry in done:
+                task_id = slot_task_id(claim.entry, claim.slot_us)
+                if info:
+                    logger.info(
+                        "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
+                        self.settings.replica_id,
+                        "took over" if claim.taken_over else "won",
+                        claim.entry,
+                        _fmt(claim.slot_us),
+                        entry.task,
+                        task_id,
+                    )
+                if signal:
+                    signals.slot_published.send(
+                        sender=self,
+                        entry=claim.entry,
+                        slot=us_to_datetime(claim.slot_us),
+                        task_id=task_id,
+                        fence=claim.fence,
+                        taken_over=claim.taken_over,
+                    )
+        return [claim for claim, _ in done]
 
     def _report_skipped(
         self, name: str, count: int, first_us: int | None, last_us: int | None, policy: MissedPolicy
