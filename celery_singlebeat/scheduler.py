@@ -29,6 +29,7 @@ from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
 from .publishing import PublishGroup
+from .sharing import FALLBACK_DELAY_US, LIVE_WINDOW_US, entry_hash, is_first, live_replicas
 from .slots import (
     SLOT_HEADER,
     MissedPolicy,
@@ -69,6 +70,9 @@ class _Tracked:
     name: str = field(compare=True)
     sequence: SlotSequence = field(compare=False, repr=False)
     policy: MissedPolicy = field(compare=False, repr=False)
+    #: entry_hash(name), and whether this replica proposes the entry's slots first
+    share: int = field(default=0, compare=False, repr=False)
+    first: bool = field(default=True, compare=False, repr=False)
 
 
 def _is_connection_error(exc: BaseException, producer: Any) -> bool:
@@ -109,7 +113,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 self.settings = replace(self.settings, replica_id=banner_id)
         self._store: Store | None = None
         self._tracked: dict[str, _Tracked] = {}
+        #: entries this replica proposes first, and those it proposes after
+        #: FALLBACK_DELAY_US (another live replica's), each by next slot
         self._heap: list[_Tracked] = []
+        self._later: list[_Tracked] = []
+        self._live: tuple[str, ...] = ()
         self._policies: dict[str, MissedPolicy] = {}
         self._ready = False
         self._outage_since: float | None = None
@@ -262,9 +270,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             next_us = sequence.next_after(start)
             if next_us is None:
                 continue
-            self._tracked[name] = _Tracked(next_us, name, sequence, self._policies[name])
-        self._heap = list(self._tracked.values())
-        heapq.heapify(self._heap)
+            self._tracked[name] = _Tracked(
+                next_us, name, sequence, self._policies[name], entry_hash(name)
+            )
+        # After an outage, keep sharing among the replicas seen before it.
+        self._share(self._live or (self.settings.replica_id,), force=True)
         self._ready = True
         logger.info(
             "singlebeat: connected to %s; database clock offset %+.1f ms; %d entries tracked",
@@ -286,6 +296,9 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             self._confirm(pending)
         if monotonic >= self._next_sweep:
             self._next_sweep = monotonic + self._sweep_every
+            self._share(
+                live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id)
+            )
             self._take_over()
         if monotonic >= self._next_prune:
             self._next_prune = monotonic + PRUNE_EVERY_US / US
@@ -301,6 +314,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         delay = self.max_interval
         if self._heap:
             delay = min(delay, (self._heap[0].next_us - now_us) / US)
+        if self._later:
+            delay = min(delay, (self._later[0].next_us + FALLBACK_DELAY_US - now_us) / US)
         delay = min(delay, self._next_sweep - time.monotonic())
         return max(delay, 0.0) + random.uniform(0.0, WAKE_JITTER)
 
@@ -308,10 +323,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         now_us = store.clock.now_us()
-        heap = self._heap
+        heap, later = self._heap, self._later
         due: list[_Tracked] = []
         while heap and heap[0].next_us <= now_us:
             due.append(heapq.heappop(heap))
+        while later and later[0].next_us <= now_us - FALLBACK_DELAY_US:
+            due.append(heapq.heappop(later))
         if not due:
             return
         keys: list[SlotKey] = []
@@ -326,7 +343,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         except StoreUnavailable:
             # Nothing was decided: keep the slots due, the next attempt proposes them again.
             for tracked in due:
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
             raise
         early = self._refused_as_early(keys, won) if len(won) < len(keys) else {}
         for tracked, plan in plans:
@@ -334,7 +351,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 # Proposed before it was due on the database's clock (ours ran
                 # ahead): propose it again when it is due instead of losing it.
                 tracked.next_us = early[tracked.name]
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
                 continue
             if plan.skipped:
                 self._report_skipped(
@@ -346,7 +363,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 )
             if plan.next_us is not None:
                 tracked.next_us = plan.next_us
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
             else:
                 self._tracked.pop(tracked.name, None)
         self.stats["claimed"] += len(won)
@@ -362,6 +379,33 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                         _fmt(key.slot_us),
                     )
         self._publish_and_confirm(won, started)
+
+    def _push(self, tracked: _Tracked) -> None:
+        heapq.heappush(self._heap if tracked.first else self._later, tracked)
+
+    def _share(self, live: tuple[str, ...], force: bool = False) -> None:
+        """Decide which entries this replica proposes first, among ``live`` replicas."""
+        if live == self._live and not force:
+            return
+        me = self.settings.replica_id
+        for tracked in self._tracked.values():
+            tracked.first = is_first(tracked.share, live, me)
+        # Called between ticks: every tracked entry is in one of the two heaps.
+        self._heap = [t for t in self._tracked.values() if t.first]
+        self._later = [t for t in self._tracked.values() if not t.first]
+        heapq.heapify(self._heap)
+        heapq.heapify(self._later)
+        if live != self._live and (self._live or len(live) > 1):
+            logger.info(
+                "singlebeat: replica %s sees %d live replica(s); it proposes %d of %d "
+                "entries first, the others %d ms after they are due",
+                me,
+                len(live),
+                len(self._heap),
+                len(self._tracked),
+                FALLBACK_DELAY_US // 1000,
+            )
+        self._live = live
 
     def _refused_as_early(self, keys: list[SlotKey], won: list[Claim]) -> dict[str, int]:
         """Earliest not-won slot per entry that is still in the future.

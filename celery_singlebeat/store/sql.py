@@ -358,6 +358,13 @@ class SqlStore(Store):
 
         return self._run("prune", work)
 
+    def recent_owners(self, window_us: int) -> list[str]:
+        rows = self._run(
+            "recent owners",
+            lambda conn: self._fetch(conn, self.sql.recent_owners, window_us=window_us),
+        )
+        return sorted(str(r[1]) for r in rows if r[1] is not None)
+
     def ping(self) -> int:
         return self._run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
 

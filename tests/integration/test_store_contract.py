@@ -543,3 +543,24 @@ def test_a_claim_costs_the_same_round_trips_whatever_its_size(backend: Backend) 
 def round_trips(store: Store) -> int:
     assert isinstance(store, (SqlStore, MemoryStore))
     return store.round_trips
+
+
+# -- recent owners (work sharing) ---------------------------------------------
+
+
+def test_recent_owners_are_the_holders_of_recent_slot_rows_in_one_round_trip(
+    backend: Backend,
+) -> None:
+    store = backend.ready()
+    store.register(["a", "b", "c"])
+    assert store.recent_owners(10 * US) == []
+    now = store.ping()
+    old = now - 60 * US
+    store.claim("old-replica", [SlotKey("a", old)], LONG_LEASE)
+    [won] = store.claim("r2", [SlotKey("b", now - US)], LONG_LEASE)
+    store.confirm("r2", [won])
+    store.claim("r1", [SlotKey("c", now), SlotKey("a", now)], LONG_LEASE)
+    before = round_trips(store)
+    assert store.recent_owners(10 * US) == ["r1", "r2"]
+    assert round_trips(store) - before == 1
+    assert store.recent_owners(120 * US) == ["old-replica", "r1", "r2"]

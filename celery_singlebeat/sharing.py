@@ -1,0 +1,45 @@
+"""Sharing the entries out among live replicas: who proposes a slot first.
+
+Every replica still proposes every slot, and the database still decides each
+one by its unique key: sharing only changes *when* a replica proposes. Each
+entry has one *first* replica among the replicas seen alive (those that won a
+slot lately, :meth:`~celery_singlebeat.store.base.Store.recent_owners`), the
+same on every replica that sees the same set: it proposes the entry's slots as
+soon as they are due. Every other replica proposes them :data:`FALLBACK_DELAY_US`
+later, and so sends them only if the first replica did not claim them by then
+(it died, stalled, fell behind, or does not know it is first yet).
+
+Without it, the replica that wakes first claims every due slot in one statement
+and the others win nothing: one replica does all the publishing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from .clock import US
+
+#: how long after a slot the replicas that are not its entry's first replica
+#: propose it. Longer than the first replica needs to claim it when it keeps up
+#: (wake-up jitter and one round trip: a few ms), short enough that the slots of
+#: a replica that just died leave little later than usual.
+FALLBACK_DELAY_US = 250_000
+
+#: a replica counts as live while it holds a slot row this recent.
+LIVE_WINDOW_US = 10 * US
+
+
+def entry_hash(name: str) -> int:
+    """A hash of the entry name that every process computes alike."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big")
+
+
+def live_replicas(recent: Sequence[str], me: str) -> tuple[str, ...]:
+    """The replicas to share among: those seen lately, and this one, sorted."""
+    return tuple(sorted({*recent, me}))
+
+
+def is_first(hash_: int, live: Sequence[str], me: str) -> bool:
+    """True when ``me`` is the first replica of the entry with hash ``hash_``."""
+    return len(live) <= 1 or live[hash_ % len(live)] == me
