@@ -29,7 +29,16 @@ from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
 from .publishing import PublishGroup
-from .sharing import FALLBACK_DELAY_US, LIVE_WINDOW_US, entry_hash, is_first, live_replicas
+from .sharing import (
+    FALLBACK_BATCH,
+    FALLBACK_DELAY_US,
+    FIRST_BATCH,
+    LIVE_WINDOW_US,
+    SHARE_RECHECK,
+    entry_hash,
+    is_first,
+    live_replicas,
+)
 from .slots import (
     SLOT_HEADER,
     MissedPolicy,
@@ -123,6 +132,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._outage_since: float | None = None
         self._backoff = BACKOFF_FIRST
         self._next_sweep = 0.0
+        #: when to read the live replicas again (with each sweep, sooner when
+        #: another replica claims slots this one proposes first: views differ)
+        self._next_share = 0.0
+        self._shared_at = 0.0
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
         self._unconfirmed: list[Claim] = []
@@ -296,10 +309,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             self._confirm(pending)
         if monotonic >= self._next_sweep:
             self._next_sweep = monotonic + self._sweep_every
-            self._share(
-                live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id)
-            )
+            self._read_live(monotonic)
             self._take_over()
+        elif monotonic >= self._next_share:
+            self._read_live(monotonic)
         if monotonic >= self._next_prune:
             self._next_prune = monotonic + PRUNE_EVERY_US / US
             deleted = store.prune(self.settings.retention_us, PRUNE_EVERY_US)
@@ -323,20 +336,26 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         now_us = store.clock.now_us()
-        heap, later = self._heap, self._later
         due: list[_Tracked] = []
-        while heap and heap[0].next_us <= now_us:
-            due.append(heapq.heappop(heap))
-        while later and later[0].next_us <= now_us - FALLBACK_DELAY_US:
-            due.append(heapq.heappop(later))
-        if not due:
-            return
         keys: list[SlotKey] = []
         plans = []
-        for tracked in due:
-            plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
-            plans.append((tracked, plan))
-            keys.extend(SlotKey(tracked.name, at) for at in plan.propose)
+        # Capped, oldest first: a replica claims no more slots than it publishes
+        # in a moment, so that a replica that is free does not claim a whole
+        # second of other replicas' slots and keep them waiting while it
+        # publishes. What is left stays due: the next tick follows at once.
+        for heap, ready_us, cap in (
+            (self._heap, now_us, FIRST_BATCH),
+            (self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH),
+        ):
+            cap += len(keys)
+            while heap and heap[0].next_us <= ready_us and len(keys) < cap:
+                tracked = heapq.heappop(heap)
+                due.append(tracked)
+                plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
+                plans.append((tracked, plan))
+                keys.extend(SlotKey(tracked.name, at) for at in plan.propose)
+        if not due:
+            return
         started = time.monotonic()
         try:
             won = store.claim(self.settings.replica_id, keys, self.settings.lease_us)
@@ -368,6 +387,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 self._tracked.pop(tracked.name, None)
         self.stats["claimed"] += len(won)
         self.stats["lost"] += len(keys) - len(won)
+        if len(won) < len(keys) and self._lost_own_share(due, keys, won):
+            # Another replica claimed slots we propose first: it does not see the
+            # live replicas as we do (one just started or stopped). Look again
+            # soon rather than at the next sweep, so that the views converge.
+            self._next_share = min(self._next_share, self._shared_at + SHARE_RECHECK)
         if logger.isEnabledFor(logging.DEBUG) and len(won) < len(keys):
             mine = {c.key for c in won}
             for key in keys:
@@ -379,6 +403,21 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                         _fmt(key.slot_us),
                     )
         self._publish_and_confirm(won, started)
+
+    def _read_live(self, monotonic: float) -> None:
+        store = self._store
+        assert store is not None
+        self._shared_at = monotonic
+        self._next_share = monotonic + self._sweep_every
+        self._share(live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id))
+
+    @staticmethod
+    def _lost_own_share(due: list[_Tracked], keys: list[SlotKey], won: list[Claim]) -> bool:
+        first = {t.name for t in due if t.first}
+        if not first:
+            return False
+        mine = {c.key for c in won}
+        return any(key.entry in first and key not in mine for key in keys)
 
     def _push(self, tracked: _Tracked) -> None:
         heapq.heappush(self._heap if tracked.first else self._later, tracked)

@@ -26,8 +26,20 @@ from .clock import US
 #: a replica that just died leave little later than usual.
 FALLBACK_DELAY_US = 250_000
 
+#: about this many slots at most claimed in one tick (an entry's slots are not
+#: split): of the entries a replica proposes first, and of the others' (after
+#: the fallback delay). A replica that is
+#: free takes the others' leftovers in small bites, so the work stays shared
+#: when the replicas cannot keep up, instead of going to whoever asked first.
+FIRST_BATCH = 2500
+FALLBACK_BATCH = 500
+
 #: a replica counts as live while it holds a slot row this recent.
 LIVE_WINDOW_US = 10 * US
+
+#: seconds after its last read that a replica reads the live replicas again when
+#: another replica claimed slots it proposes first (otherwise: with each sweep).
+SHARE_RECHECK = 1.0
 
 
 def entry_hash(name: str) -> int:
