@@ -271,6 +271,7 @@ def _startup_child(url: str, n: int) -> None:
         scheduler.tick()  # schema, registration of every entry, resume
         t2 = time.perf_counter()
         assert len(scheduler._tracked) == n
+        rss = _peak_rss_mb(os.getpid()) or 0  # one replica's, before the second exists
         # a second replica's start: every entry exists already
         again = SingleBeatScheduler(app=app)
         t3 = time.perf_counter()
@@ -283,7 +284,7 @@ def _startup_child(url: str, n: int) -> None:
                     "first_tick_s": round(t2 - t1, 2),
                     "startup_s": round(t2 - t0, 2),
                     "second_replica_startup_s": round(t4 - t3, 2),
-                    "rss_mb": round(_peak_rss_mb(os.getpid()) or 0, 1),
+                    "rss_mb": round(rss, 1),
                 }
             )
         )
@@ -414,6 +415,22 @@ def render(results: dict[str, Any]) -> str:
                 ],
             )
         )
+        last = b["last_sent_after_s"]
+        peak = max((x for x in b["peak_rss_mb"] if x is not None), default=None)
+        out.append(
+            f"every slot sent once within {BURST_WITHIN_S:g} s: "
+            + (
+                "yes"
+                if b["missed"] == 0
+                and b["duplicates"] == 0
+                and last is not None
+                and last <= BURST_WITHIN_S
+                else "NO"
+            )
+            + f"; largest share {max(b['shares'], default=1):.0%} (<= {SHARE_MAX:.0%}); "
+            f"peak RSS {peak} MB (target < {RSS_MAX_MB} MB): "
+            + ("yes" if peak is not None and peak < RSS_MAX_MB else "NO")
+        )
         out.append("")
     if "startup" in results:
         rows = [
@@ -444,6 +461,11 @@ def render(results: dict[str, Any]) -> str:
                 rows,
             )
         )
+        worst = max((r.get("startup_s", 1e9) for r in results["startup"]), default=1e9)
+        out.append(
+            f"start-up under {STARTUP_MAX_S:g} s on every database: "
+            + ("yes" if worst < STARTUP_MAX_S else "NO")
+        )
         out.append("")
     if "idle" in results:
         i = results["idle"]
@@ -453,6 +475,10 @@ def render(results: dict[str, Any]) -> str:
                 ("window s", "ticks", "statements", "statements/s"),
                 [(i["window_s"], i["ticks"], i["statements"], i["statements_per_s"])],
             )
+        )
+        out.append(
+            f"at most {IDLE_MAX_PER_S:g} statement per second when idle: "
+            + ("yes" if i["statements_per_s"] <= IDLE_MAX_PER_S else "NO")
         )
     return "\n".join(out)
 
