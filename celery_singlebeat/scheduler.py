@@ -35,9 +35,9 @@ from .sharing import (
     FIRST_BATCH,
     LIVE_WINDOW_US,
     SHARE_RECHECK,
-    entry_hash,
-    is_first,
+    deal,
     live_replicas,
+    order_entries,
 )
 from .slots import (
     SLOT_HEADER,
@@ -79,8 +79,7 @@ class _Tracked:
     name: str = field(compare=True)
     sequence: SlotSequence = field(compare=False, repr=False)
     policy: MissedPolicy = field(compare=False, repr=False)
-    #: entry_hash(name), and whether this replica proposes the entry's slots first
-    share: int = field(default=0, compare=False, repr=False)
+    #: whether this replica proposes the entry's slots first (sharing.py)
     first: bool = field(default=True, compare=False, repr=False)
 
 
@@ -127,6 +126,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._heap: list[_Tracked] = []
         self._later: list[_Tracked] = []
         self._live: tuple[str, ...] = ()
+        self._order: list[str] | None = None
         self._policies: dict[str, MissedPolicy] = {}
         self._ready = False
         self._outage_since: float | None = None
@@ -283,9 +283,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             next_us = sequence.next_after(start)
             if next_us is None:
                 continue
-            self._tracked[name] = _Tracked(
-                next_us, name, sequence, self._policies[name], entry_hash(name)
-            )
+            self._tracked[name] = _Tracked(next_us, name, sequence, self._policies[name])
         # After an outage, keep sharing among the replicas seen before it.
         self._share(self._live or (self.settings.replica_id,), force=True)
         self._ready = True
@@ -427,8 +425,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         if live == self._live and not force:
             return
         me = self.settings.replica_id
+        if self._order is None:
+            self._order = order_entries(self.schedule)
+        first = deal(self._order, live)
         for tracked in self._tracked.values():
-            tracked.first = is_first(tracked.share, live, me)
+            tracked.first = first.get(tracked.name, me) == me
         # Called between ticks: every tracked entry is in one of the two heaps.
         self._heap = [t for t in self._tracked.values() if t.first]
         self._later = [t for t in self._tracked.values() if not t.first]
@@ -710,30 +711,29 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
 
     def _handed_over(self, done: list[tuple[Claim, ScheduleEntry]]) -> list[Claim]:
         """Log and signal messages that reached the broker; returns their claims."""
-        info = logger.isEnabledFor(logging.INFO)
-        signal = bool(signals.slot_published.receivers)
-        if info or signal:
+        # Every message of the group is in the broker already: log them all before
+        # any slot_published receiver runs (it may stall, or the process die).
+        if logger.isEnabledFor(logging.INFO):
             for claim, entry in done:
-                task_id = slot_task_id(claim.entry, claim.slot_us)
-                if info:
-                    logger.info(
-                        "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
-                        self.settings.replica_id,
-                        "took over" if claim.taken_over else "won",
-                        claim.entry,
-                        _fmt(claim.slot_us),
-                        entry.task,
-                        task_id,
-                    )
-                if signal:
-                    signals.slot_published.send(
-                        sender=self,
-                        entry=claim.entry,
-                        slot=us_to_datetime(claim.slot_us),
-                        task_id=task_id,
-                        fence=claim.fence,
-                        taken_over=claim.taken_over,
-                    )
+                logger.info(
+                    "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
+                    self.settings.replica_id,
+                    "took over" if claim.taken_over else "won",
+                    claim.entry,
+                    _fmt(claim.slot_us),
+                    entry.task,
+                    slot_task_id(claim.entry, claim.slot_us),
+                )
+        if signals.slot_published.receivers:
+            for claim, _ in done:
+                signals.slot_published.send(
+                    sender=self,
+                    entry=claim.entry,
+                    slot=us_to_datetime(claim.slot_us),
+                    task_id=slot_task_id(claim.entry, claim.slot_us),
+                    fence=claim.fence,
+                    taken_over=claim.taken_over,
+                )
         return [claim for claim, _ in done]
 
     def _report_skipped(

@@ -4,10 +4,11 @@ Every replica still proposes every slot, and the database still decides each
 one by its unique key: sharing only changes *when* a replica proposes. Each
 entry has one *first* replica among the replicas seen alive (those that won a
 slot lately, :meth:`~celery_singlebeat.store.base.Store.recent_owners`), the
-same on every replica that sees the same set: it proposes the entry's slots as
-soon as they are due. Every other replica proposes them :data:`FALLBACK_DELAY_US`
-later, and so sends them only if the first replica did not claim them by then
-(it died, stalled, fell behind, or does not know it is first yet).
+same on every replica that sees the same set (:func:`first_replicas`): it
+proposes the entry's slots as soon as they are due. Every other replica
+proposes them :data:`FALLBACK_DELAY_US` later, and so sends them only if the
+first replica did not claim them by then (it died, stalled, fell behind, or does
+not know it is first yet).
 
 Without it, the replica that wakes first claims every due slot in one statement
 and the others win nothing: one replica does all the publishing.
@@ -16,7 +17,7 @@ and the others win nothing: one replica does all the publishing.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .clock import US
 
@@ -52,6 +53,25 @@ def live_replicas(recent: Sequence[str], me: str) -> tuple[str, ...]:
     return tuple(sorted({*recent, me}))
 
 
-def is_first(hash_: int, live: Sequence[str], me: str) -> bool:
-    """True when ``me`` is the first replica of the entry with hash ``hash_``."""
-    return len(live) <= 1 or live[hash_ % len(live)] == me
+def first_replicas(names: Iterable[str], live: Sequence[str]) -> dict[str, str]:
+    """Each entry's first replica: the entries ordered by :func:`entry_hash`, then
+    dealt out in turn over the sorted ``live`` replicas, so that the shares differ
+    by one entry at most (5 entries over 3 replicas: 2, 2 and 1).
+
+    Replicas with the same entries and the same live set agree; with different
+    schedules (a rolling deploy) they may not, and then race for some slots as
+    they would without sharing.
+    """
+    return deal(order_entries(names), live)
+
+
+def order_entries(names: Iterable[str]) -> list[str]:
+    """The entries in the order they are dealt out (by hash, then name)."""
+    return sorted(names, key=lambda name: (entry_hash(name), name))
+
+
+def deal(ordered: Sequence[str], live: Sequence[str]) -> dict[str, str]:
+    """:func:`first_replicas` for entries already in :func:`order_entries` order."""
+    if not live:
+        return {}
+    return {name: live[i % len(live)] for i, name in enumerate(ordered)}

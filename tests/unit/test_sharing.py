@@ -19,7 +19,7 @@ from test_scheduler import SECOND, Harness, every, harness_for  # noqa: F401
 from celery_singlebeat.sharing import (
     FALLBACK_DELAY_US,
     entry_hash,
-    is_first,
+    first_replicas,
     live_replicas,
 )
 from celery_singlebeat.testing import MemoryScheduler
@@ -27,17 +27,18 @@ from celery_singlebeat.testing import MemoryScheduler
 FALLBACK = timedelta(microseconds=FALLBACK_DELAY_US)
 
 
-def test_the_split_is_the_same_on_every_replica_and_covers_every_entry() -> None:
+def test_the_split_is_the_same_on_every_replica_and_even() -> None:
     names = [f"entry-{i}" for i in range(3000)]
     assert entry_hash("report") == entry_hash("report")  # not Python's salted hash()
     live = live_replicas(["b", "c", "a", "c"], "a")
     assert live == ("a", "b", "c")
-    shares = Counter(next(r for r in live if is_first(entry_hash(n), live, r)) for n in names)
-    assert sum(shares.values()) == len(names)
-    for name in names:  # exactly one first replica per entry
-        assert sum(is_first(entry_hash(name), live, r) for r in live) == 1
-    assert all(800 < n < 1200 for n in shares.values()), shares
-    assert all(is_first(entry_hash(n), ("a",), "a") for n in names[:10])
+    first = first_replicas(names, live)
+    assert set(first) == set(names)
+    assert first == first_replicas(reversed(names), live)  # order of the schedule is moot
+    assert Counter(first.values()) == {"a": 1000, "b": 1000, "c": 1000}
+    # small schedules too: shares differ by one entry at most
+    assert sorted(Counter(first_replicas(names[:5], live).values()).values()) == [1, 2, 2]
+    assert set(first_replicas(names[:10], ("a",)).values()) == {"a"}
 
 
 def _start(harness: Harness, replicas: list[MemoryScheduler]) -> None:
@@ -87,9 +88,8 @@ def test_replicas_that_keep_up_split_the_slots_and_send_each_once(
     after = _senders(harness, replicas)
     shares = {r: after[r] - before[r] for r in ("r0", "r1", "r2")}
     live = ("r0", "r1", "r2")
-    expected = {
-        r: 3 * sum(is_first(entry_hash(f"job-{i:02d}"), live, r) for i in range(n)) for r in live
-    }
+    first = first_replicas([f"job-{i:02d}" for i in range(n)], live)
+    expected = {r: 3 * sum(1 for v in first.values() if v == r) for r in live}
     assert shares == expected
     assert all(v > 0 for v in shares.values())
     assert any("sees 3 live replica(s)" in r.getMessage() for r in caplog.records)
@@ -113,9 +113,8 @@ def test_the_share_of_a_replica_that_stops_is_sent_after_the_fallback_delay(
         replica.tick()
     first = harness.drain()
     live = ("r0", "r1", "r2")
-    r2_entries = {
-        f"job-{i:02d}" for i in range(n) if is_first(entry_hash(f"job-{i:02d}"), live, "r2")
-    }
+    split = first_replicas([f"job-{i:02d}" for i in range(n)], live)
+    r2_entries = {name for name, replica in split.items() if replica == "r2"}
     assert r2_entries and {m.entry for m in first}.isdisjoint(r2_entries)
     assert all(m.at_us == slot_us for m in first)
     # ... and r2's share once the fallback delay has passed: nothing is lost
