@@ -13,8 +13,20 @@ the same code and only the scheduler differs:
 * ``BENCH_STAMP=1``: stamp each message with the instant it was published
   (header ``bench_sent_us``), so the harness can count a time window exactly.
 
-Run as a script (``python benchapp.py sendloop SECONDS``) it is the ceiling
-baseline instead: a plain ``app.send_task`` loop on one reused producer.
+* ``BENCH_BURST=N`` and ``BENCH_BURST_EVERY=P``: of the BENCH_ENTRIES entries,
+  the first N run every P seconds and the rest once a day (all registered at
+  the same instant, so the N fall due in the same second).
+
+Run as a script it is a baseline instead of a beat:
+
+* ``python benchapp.py sendloop SECONDS``: a plain ``app.send_task`` loop on one
+  reused producer;
+* ``python benchapp.py batchbeat SECONDS``: the uncoordinated batch sender, a beat
+  that sends every entry each second (whole seconds of this host's clock) with
+  no database at all, publishing the way celery-singlebeat does (each message
+  with a task id and headers, through kombu's pipelined ``Producer.batch`` in
+  groups of 100 where the broker allows it). It is the ceiling for a scheduler
+  that has to coordinate.
 """
 
 from __future__ import annotations
@@ -55,11 +67,20 @@ app.conf.update(
     redbeat_key_prefix=os.environ.get("BENCH_REDBEAT_PREFIX", "redbeat:"),
     # A lock far longer than the run: standbys must stay standbys while we measure.
     redbeat_lock_timeout=300,
-    beat_schedule={
-        f"probe-{i}": {"task": TASK, "schedule": timedelta(seconds=every), "args": (i,)}
-        for i in range(entries)
-    },
+    beat_schedule={},
 )
+burst = int(os.environ.get("BENCH_BURST", "0"))
+burst_every = float(os.environ.get("BENCH_BURST_EVERY", "10"))
+app.conf.beat_schedule = {
+    f"probe-{i}": {
+        "task": TASK,
+        "schedule": timedelta(
+            seconds=every if not burst else burst_every if i < burst else 86400
+        ),
+        "args": (i,),
+    }
+    for i in range(entries)
+}
 
 
 @app.task(name=TASK)
@@ -95,7 +116,42 @@ def send_loop(seconds: float) -> None:
     print(f"BENCH-SENT {sent}", flush=True)
 
 
+def batch_beat(seconds: float) -> None:
+    """Every whole second, send every entry: a beat with no coordination at all."""
+    import uuid
+
+    from celery_singlebeat.publishing import PublishGroup
+
+    deadline = time.monotonic() + seconds
+    sent = 0
+    with app.producer_or_acquire() as producer:
+        print("BENCH-READY batchbeat", flush=True)
+        second = int(time.time()) + 1
+        while time.monotonic() < deadline:
+            time.sleep(max(0.0, second - time.time()))
+            group: PublishGroup[int] = PublishGroup(producer)
+            try:
+                for i in range(entries):
+                    probe.apply_async(
+                        (i,),
+                        producer=producer,
+                        task_id=str(uuid.uuid4()),
+                        headers={"celery_beat_task": True, "bench_slot": second},
+                    )
+                    group.added(i)
+                    if group.full:
+                        group.flush()
+                group.flush()
+            finally:
+                group.close()
+            sent += entries
+            # behind: the next second's batch is due already, send it at once
+            second += 1
+    print(f"BENCH-SENT {sent}", flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "sendloop":
-        sys.exit("usage: benchapp.py sendloop SECONDS")
-    send_loop(float(sys.argv[2]))
+    modes = {"sendloop": send_loop, "batchbeat": batch_beat}
+    if len(sys.argv) != 3 or sys.argv[1] not in modes:
+        sys.exit("usage: benchapp.py sendloop|batchbeat SECONDS")
+    modes[sys.argv[1]](float(sys.argv[2]))

@@ -28,6 +28,17 @@ from . import signals
 from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
+from .publishing import PublishGroup
+from .sharing import (
+    FALLBACK_BATCH,
+    FALLBACK_DELAY_US,
+    FIRST_BATCH,
+    LIVE_WINDOW_US,
+    SHARE_RECHECK,
+    deal,
+    live_replicas,
+    order_entries,
+)
 from .slots import (
     SLOT_HEADER,
     MissedPolicy,
@@ -71,6 +82,8 @@ class _Tracked:
     #: slots at or after ``next_us`` this replica already won: after a claim that
     #: refused some slots as early, the entry is planned again from before them.
     won: set[int] = field(default_factory=set, compare=False, repr=False)
+    #: whether this replica proposes the entry's slots first (sharing.py)
+    first: bool = field(default=True, compare=False, repr=False)
 
 
 def _is_connection_error(exc: BaseException, producer: Any) -> bool:
@@ -111,12 +124,21 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 self.settings = replace(self.settings, replica_id=banner_id)
         self._store: Store | None = None
         self._tracked: dict[str, _Tracked] = {}
+        #: entries this replica proposes first, and those it proposes after
+        #: FALLBACK_DELAY_US (another live replica's), each by next slot
         self._heap: list[_Tracked] = []
+        self._later: list[_Tracked] = []
+        self._live: tuple[str, ...] = ()
+        self._order: list[str] | None = None
         self._policies: dict[str, MissedPolicy] = {}
         self._ready = False
         self._outage_since: float | None = None
         self._backoff = BACKOFF_FIRST
         self._next_sweep = 0.0
+        #: when to read the live replicas again (with each sweep, sooner when
+        #: another replica claims slots this one proposes first: views differ)
+        self._next_share = 0.0
+        self._shared_at = 0.0
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
         self._unconfirmed: list[Claim] = []
@@ -269,8 +291,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             if next_us is None:
                 continue
             self._tracked[name] = _Tracked(next_us, name, sequence, self._policies[name])
-        self._heap = list(self._tracked.values())
-        heapq.heapify(self._heap)
+        # After an outage, keep sharing among the replicas seen before it.
+        self._share(self._live or (self.settings.replica_id,), force=True)
         self._ready = True
         logger.info(
             "singlebeat: connected to %s; database clock offset %+.1f ms; %d entries tracked",
@@ -292,7 +314,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             self._confirm(pending)
         if monotonic >= self._next_sweep:
             self._next_sweep = monotonic + self._sweep_every
+            self._read_live(monotonic)
             self._take_over()
+        elif monotonic >= self._next_share:
+            self._read_live(monotonic)
         if monotonic >= self._next_prune:
             self._next_prune = monotonic + PRUNE_EVERY_US / US
             deleted = store.prune(self.settings.retention_us, PRUNE_EVERY_US)
@@ -307,6 +332,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         delay = self.max_interval
         if self._heap:
             delay = min(delay, (self._heap[0].next_us - now_us) / US)
+        if self._later:
+            delay = min(delay, (self._later[0].next_us + FALLBACK_DELAY_US - now_us) / US)
         delay = min(delay, self._next_sweep - time.monotonic())
         return max(delay, 0.0) + random.uniform(0.0, WAKE_JITTER)
 
@@ -314,18 +341,28 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         now_us = store.clock.now_us()
-        heap = self._heap
         due: list[_Tracked] = []
-        while heap and heap[0].next_us <= now_us:
-            due.append(heapq.heappop(heap))
-        if not due:
-            return
         keys: list[SlotKey] = []
         plans = []
-        for tracked in due:
-            plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
-            plans.append((tracked, plan))
-            keys.extend(SlotKey(tracked.name, at) for at in plan.propose if at not in tracked.won)
+        # Capped, oldest first: a replica claims no more slots than it publishes
+        # in a moment, so that a replica that is free does not claim a whole
+        # second of other replicas' slots and keep them waiting while it
+        # publishes. What is left stays due: the next tick follows at once.
+        for heap, ready_us, cap in (
+            (self._heap, now_us, FIRST_BATCH),
+            (self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH),
+        ):
+            cap += len(keys)
+            while heap and heap[0].next_us <= ready_us and len(keys) < cap:
+                tracked = heapq.heappop(heap)
+                due.append(tracked)
+                plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
+                plans.append((tracked, plan))
+                keys.extend(
+                    SlotKey(tracked.name, at) for at in plan.propose if at not in tracked.won
+                )
+        if not due:
+            return
         started = time.monotonic()
         try:
             won = store.claim(self.settings.replica_id, keys, self.settings.lease_us)
@@ -337,7 +374,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             for key in keys:
                 self._held[key] = (None, lost_at)
             for tracked in due:
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
             raise
         mine = {c.key for c in won}
         refused = [key for key in keys if key not in mine] if len(won) < len(keys) else []
@@ -358,7 +395,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 # claim's round trip has just corrected. Slots it won now are not
                 # proposed again.
                 tracked.won.update(won_early.get(tracked.name, ()))
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
                 continue
             if tracked.won:
                 after = plan.next_us
@@ -373,7 +410,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 )
             if plan.next_us is not None:
                 tracked.next_us = plan.next_us
-                heapq.heappush(heap, tracked)
+                self._push(tracked)
             else:
                 self._tracked.pop(tracked.name, None)
         # Slots refused before they were due are proposed again: not lost (yet).
@@ -384,6 +421,11 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         taken = {c.key for c in won if self._taken_from_another(c)}
         self.stats["claimed"] += len(won)
         self.stats["lost"] += len(lost)
+        if len(won) < len(keys) and self._lost_own_share(due, keys, won):
+            # Another replica claimed slots we propose first: it does not see the
+            # live replicas as we do (one just started or stopped). Look again
+            # soon rather than at the next sweep, so that the views converge.
+            self._next_share = min(self._next_share, self._shared_at + SHARE_RECHECK)
         if logger.isEnabledFor(logging.DEBUG):
             for key in lost:
                 logger.debug(
@@ -393,6 +435,51 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     _fmt(key.slot_us),
                 )
         self._publish_and_confirm(won, started, taken)
+
+    def _read_live(self, monotonic: float) -> None:
+        store = self._store
+        assert store is not None
+        self._shared_at = monotonic
+        self._next_share = monotonic + self._sweep_every
+        self._share(live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id))
+
+    @staticmethod
+    def _lost_own_share(due: list[_Tracked], keys: list[SlotKey], won: list[Claim]) -> bool:
+        first = {t.name for t in due if t.first}
+        if not first:
+            return False
+        mine = {c.key for c in won}
+        return any(key.entry in first and key not in mine for key in keys)
+
+    def _push(self, tracked: _Tracked) -> None:
+        heapq.heappush(self._heap if tracked.first else self._later, tracked)
+
+    def _share(self, live: tuple[str, ...], force: bool = False) -> None:
+        """Decide which entries this replica proposes first, among ``live`` replicas."""
+        if live == self._live and not force:
+            return
+        me = self.settings.replica_id
+        if self._order is None:
+            self._order = order_entries(self.schedule)
+        first = deal(self._order, live)
+        for tracked in self._tracked.values():
+            tracked.first = first.get(tracked.name, me) == me
+        # Called between ticks: every tracked entry is in one of the two heaps.
+        self._heap = [t for t in self._tracked.values() if t.first]
+        self._later = [t for t in self._tracked.values() if not t.first]
+        heapq.heapify(self._heap)
+        heapq.heapify(self._later)
+        if live != self._live and (self._live or len(live) > 1):
+            logger.info(
+                "singlebeat: replica %s sees %d live replica(s); it proposes %d of %d "
+                "entries first, the others %d ms after they are due",
+                me,
+                len(live),
+                len(self._heap),
+                len(self._tracked),
+                FALLBACK_DELAY_US // 1000,
+            )
+        self._live = live
 
     def _refused_as_early(self, refused: list[SlotKey], planned_now_us: int) -> set[SlotKey]:
         """The not-won slots that are still in the future: proposed again when due.
@@ -508,32 +595,43 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         expired: list[Claim] = []
         untried = 0
         producer = None
+        group: PublishGroup[tuple[Claim, ScheduleEntry]] | None = None
         self._broker_down = False
-        for claim in claims:
-            entry = self.schedule.get(claim.entry)
-            if entry is None:
-                # A slot of an entry this replica's schedule does not have (rolling
-                # restart, or an entry removed while its slot was in flight): held
-                # back for a replica that has it, also after a broker error or
-                # past the deadline, or it would bounce between sweeps.
-                unknown.append(claim)
-                continue
-            if self._broker_down:
-                failed.append(claim)
-                untried += 1
-                continue
-            if time.monotonic() >= deadline:
-                expired.append(claim)
-                continue
-            if producer is None:
-                producer = self.producer
-            outcome = self._publish(entry, claim, producer, deadline, claim.key in taken_over)
-            if outcome is None:
-                expired.append(claim)
-            elif outcome:
-                published.append(claim)
-            else:
-                failed.append(claim)
+        try:
+            for claim in claims:
+                entry = self.schedule.get(claim.entry)
+                if entry is None:
+                    # A slot of an entry this replica's schedule does not have (rolling
+                    # restart, or an entry removed while its slot was in flight): held
+                    # back for a replica that has it, also after a broker error or
+                    # past the deadline, or it would bounce between sweeps.
+                    unknown.append(claim)
+                    continue
+                if self._broker_down:
+                    failed.append(claim)
+                    untried += 1
+                    continue
+                if time.monotonic() >= deadline:
+                    expired.append(claim)
+                    continue
+                if producer is None:
+                    producer = self.producer
+                    group = PublishGroup(producer)
+                assert group is not None
+                outcome = self._publish(entry, claim, producer, deadline, claim.key in taken_over)
+                if outcome is None:
+                    expired.append(claim)
+                elif outcome:
+                    published.extend(self._handed_over(group.added((claim, entry)), taken_over))
+                else:
+                    failed.append(claim)
+                if group.full:
+                    self._flush(group, deadline, published, failed, expired, taken_over)
+            if group is not None:
+                self._flush(group, deadline, published, failed, expired, taken_over)
+        finally:
+            if group is not None:
+                group.close()
         if expired:
             logger.warning(
                 "singlebeat: lease ran out before %d claimed slots were published "
@@ -668,19 +766,69 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 entry.task,
             )
             return False
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
-                self.settings.replica_id,
-                "took over" if taken_over else "won",
-                claim.entry,
-                _fmt(claim.slot_us),
-                entry.task,
-                task_id,
-            )
-        if signals.slot_published.receivers:
-            signals.slot_published.send(sender=self, **details)
         return True
+
+    def _flush(
+        self,
+        group: PublishGroup[tuple[Claim, ScheduleEntry]],
+        deadline: float,
+        published: list[Claim],
+        failed: list[Claim],
+        expired: list[Claim],
+        taken_over: set[SlotKey],
+    ) -> None:
+        """Hand the buffered messages to the broker, if our lease still allows it."""
+        if not group.pipelined:
+            return
+        if time.monotonic() >= deadline:
+            # Same rule as for one message: never hand one over once the lease
+            # may be another replica's. Nothing of the group has left.
+            expired.extend(claim for claim, _ in group.discard())
+            return
+        try:
+            published.extend(self._handed_over(group.flush(), taken_over))
+        except Exception:
+            # The pipeline may have run in part: these messages are uncertain.
+            # Released, they are sent again with the same task ids by whichever
+            # replica takes them over; the rest of the batch is not tried.
+            uncertain = [claim for claim, _ in group.discard()]
+            logger.exception(
+                "singlebeat: handing %d messages to the broker failed (delivery "
+                "uncertain); releasing them so that a replica sends them again",
+                len(uncertain),
+            )
+            failed.extend(uncertain)
+            self._broker_down = True
+
+    def _handed_over(
+        self, done: list[tuple[Claim, ScheduleEntry]], taken_over: set[SlotKey]
+    ) -> list[Claim]:
+        """Log and signal messages that reached the broker; returns their claims.
+        ``taken_over``: keys another replica held before us."""
+        # Every message of the group is in the broker already: log them all before
+        # any slot_published receiver runs (it may stall, or the process die).
+        if logger.isEnabledFor(logging.INFO):
+            for claim, entry in done:
+                logger.info(
+                    "singlebeat: replica %s %s slot %s@%s: sent %s (task id %s)",
+                    self.settings.replica_id,
+                    "took over" if claim.key in taken_over else "won",
+                    claim.entry,
+                    _fmt(claim.slot_us),
+                    entry.task,
+                    slot_task_id(claim.entry, claim.slot_us),
+                )
+        if signals.slot_published.receivers:
+            for claim, _ in done:
+                signals.slot_published.send(
+                    sender=self,
+                    entry=claim.entry,
+                    slot=us_to_datetime(claim.slot_us),
+                    task_id=slot_task_id(claim.entry, claim.slot_us),
+                    fence=claim.fence,
+                    taken_over=claim.key in taken_over,
+                )
+        return [claim for claim, _ in done]
 
     def _report_skipped(
         self, name: str, count: int, first_us: int | None, last_us: int | None, policy: MissedPolicy

@@ -345,6 +345,13 @@ class MemoryStore(Store):
                 del self._slots[key]
             return len(old)
 
+    def recent_owners(self, window_us: int) -> list[str]:
+        """See :meth:`Store.recent_owners`."""
+        with self._round_trip("recent owners") as now:
+            return sorted(
+                {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
+            )
+
     def ping(self) -> int:
         """See :meth:`Store.ping`."""
         with self._round_trip("ping", schema=False) as now:

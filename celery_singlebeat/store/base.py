@@ -169,6 +169,16 @@ class Store(ABC):
         to the latest row being deleted. Claimed rows are never deleted.
         """
 
+    def recent_owners(self, window_us: int) -> list[str]:
+        """Replicas holding a slot row whose instant is less than ``window_us`` old.
+
+        The replicas that won a slot lately: the scheduler shares the entries
+        out among them (and itself). Only a hint for sharing the work, never for
+        deciding who sends a slot. A store that cannot tell returns ``[]``
+        (every replica then proposes every slot at once, as before).
+        """
+        return []
+
     @abstractmethod
     def ping(self) -> int:
         """One round trip that only reads the database's clock; returns it."""

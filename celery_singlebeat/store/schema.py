@@ -57,4 +57,7 @@ class Tables:
             Column("batch", String(32), nullable=True),
             Index(f"ix_{prefix}slots_open", "state", "lease_until_us"),
             Index(f"ix_{prefix}slots_batch", "batch"),
+            # range scans by slot instant: the prune's old sent rows, and the
+            # replicas that won a recent slot (work sharing, Store.recent_owners)
+            Index(f"ix_{prefix}slots_slot", "slot_us"),
         )

@@ -196,6 +196,12 @@ class SqlStore(Store):
                         "(or celery_singlebeat.create_schema(app)) using a privileged user"
                     )
                 self.tables.metadata.create_all(conn, checkfirst=True)
+            elif create:
+                # Tables made by an older release lack the indexes added since
+                # (ix_<prefix>slots_slot); create_all skips existing tables.
+                for table in self.tables.metadata.sorted_tables:
+                    for index in table.indexes:
+                        index.create(conn, checkfirst=True)
             conn.execute(
                 text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
             )
@@ -357,6 +363,13 @@ class SqlStore(Store):
             return int(deleted.rowcount)
 
         return self._run("prune", work)
+
+    def recent_owners(self, window_us: int) -> list[str]:
+        rows = self._run(
+            "recent owners",
+            lambda conn: self._fetch(conn, self.sql.recent_owners, window_us=window_us),
+        )
+        return sorted(str(r[1]) for r in rows if r[1] is not None)
 
     def ping(self) -> int:
         return self._run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))

@@ -36,6 +36,7 @@ class Dialect:
     prune_mark: str
     prune_delete: str
     meta_insert: str
+    recent_owners: str
 
     def render(self, prefix: str) -> Dialect:
         names = {"e": f"{prefix}entries", "s": f"{prefix}slots", "m": f"{prefix}meta"}
@@ -144,6 +145,11 @@ POSTGRESQL = Dialect(
     meta_insert="""
         INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
         ON CONFLICT (key) DO NOTHING""",
+    recent_owners=f"""
+        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
+        SELECT n.us, o.owner FROM n LEFT JOIN (
+            SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
+        ) o ON true""",
 )
 
 _MY_NOW = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))"
@@ -227,6 +233,10 @@ MYSQL = Dialect(
     meta_insert="""
         INSERT INTO {m} (`key`, value_us) VALUES (:key, :value_us)
         ON DUPLICATE KEY UPDATE value_us = value_us""",
+    recent_owners=f"""
+        SELECT {_MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
+            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
+        ) o ON true""",
 )
 
 _LITE_NOW = "(CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))"
@@ -299,6 +309,10 @@ SQLITE = Dialect(
     meta_insert="""
         INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
         ON CONFLICT (key) DO NOTHING""",
+    recent_owners=f"""
+        SELECT {_LITE_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
+            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_LITE_NOW} - :window_us
+        ) o ON true""",
 )
 
 

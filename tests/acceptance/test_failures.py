@@ -29,6 +29,7 @@ from harness import (
 )
 from sqlalchemy.engine import make_url
 
+from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.slots import slot_task_id
 
 PERIOD_US = US
@@ -150,9 +151,15 @@ def test_replica_frozen_holding_a_claim(
     report = check_slots(messages, expected, upto, rows, published)
     assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
     # The others kept sending while the replica was frozen: every slot of that
-    # window is in the broker (checked above), sent by them.
+    # window is in the broker (checked above), sent by them. They send the
+    # frozen replica's share FALLBACK_DELAY_US late (work sharing), so a slot
+    # due less than that before it resumed may still be its own to send.
     frozen_sent = set(frozen.sent_task_ids())
-    during = {slot_task_id(e, at) for e, at in wanted if stopped_at < at <= resumed_at}
+    during = {
+        slot_task_id(e, at)
+        for e, at in wanted
+        if stopped_at < at <= resumed_at - FALLBACK_DELAY_US
+    }
     assert during and not during & frozen_sent
     if stop_on == "claimed":
         assert len(copies) == 1, copies
@@ -161,7 +168,11 @@ def test_replica_frozen_holding_a_claim(
     else:
         assert len(copies) == 2, copies
         assert task_id in frozen_sent
-        assert report.doubled == [slot], report.doubled
+        # Published in one pipelined group with the slot it froze on, the other
+        # slots it won in that tick were in the broker too: each is repeated once
+        # by the takeover, with its own task id, like the slot itself.
+        assert slot in report.doubled, report.doubled
+        assert {slot_task_id(*d) for d in report.doubled} <= frozen_sent, report.doubled
     print(f"{stop_on}: {slot} copies={len(copies)} taken over={len(report.taken_over)}")
 
 

@@ -20,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
+SCALE = ROOT / "benchmarks" / "bench_scale.py"
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,7 @@ def _check_tables(stdout: str, results: dict[str, Any]) -> None:
         "celery default (PersistentScheduler)",
         "celery-redbeat",
         "plain app.send_task loop",
+        "uncoordinated batch sender (no database)",
     ):
         assert sum(line.startswith(sender) for line in lines) >= 1, sender
     assert results["machine"]["nproc"] >= 1
@@ -83,6 +85,10 @@ def _check_duplicates(found: list[dict[str, Any]]) -> None:
     assert rows["singlebeat", 3]["duplicates"] == 0
     assert rows["singlebeat", 3]["messages"] > 0
     assert rows["default", 3]["duplicates"] > 0
+    # dispatch delay (slot instant to publish) is measured for singlebeat's rows
+    for replicas in (1, 3):
+        row = rows["singlebeat", replicas]
+        assert row["delay_ms_median"] <= row["delay_ms_p95"] <= row["delay_ms_max"]
 
 
 def _check_round_trips(rows: list[dict[str, Any]]) -> None:
@@ -100,7 +106,45 @@ def _check_round_trips(rows: list[dict[str, Any]]) -> None:
 
 def _check_rates(results: dict[str, Any]) -> None:
     rows = results["rates"]
-    assert [r["sender"] for r in rows] == ["singlebeat", "default", "redbeat", "sendloop"]
+    assert [r["sender"] for r in rows] == [
+        "singlebeat",
+        "default",
+        "redbeat",
+        "sendloop",
+        "batchbeat",
+    ]
     for row in rows:
         assert row["messages"] > 0 and row["dispatches_per_s"] > 0, row
     assert isinstance(results["singlebeat_meets_target"], bool)
+
+
+def test_quick_scale_run_completes_with_every_row(
+    pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "scale.json"
+    result = subprocess.run(
+        [sys.executable, str(SCALE), "--quick", "--redis-db", "11", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for title in ("4. Load sharing", "5. ", "6. Start-up", "7. Idle cost"):
+        assert title in result.stdout, title
+    sharing = {(r["sender"], r["replicas"]): r for r in results["sharing"]}
+    assert set(sharing) == {("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3)}
+    for row in sharing.values():
+        assert row["messages"] > 0, row
+    assert len(results["sharing_verdicts"]) == 3
+    shares = sharing["singlebeat", 3]["shares"]
+    assert shares and abs(sum(shares) - 1) < 0.01
+    burst = results["burst"]
+    # the guarantee, whatever the machine's speed: no slot sent twice
+    assert burst["messages"] > 0 and burst["duplicates"] == 0
+    assert burst["messages"] == burst["distinct"]
+    assert [r["database"] for r in results["startup"]] == ["PostgreSQL", "MariaDB", "SQLite"]
+    for row in results["startup"]:
+        assert "error" not in row, row
+    assert results["idle"]["ticks"] > 0

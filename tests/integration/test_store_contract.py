@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.clock import US
@@ -165,6 +165,26 @@ def test_prepare_is_idempotent(backend: Backend) -> None:
     again.prepare(create=True)
     again.prepare(create=False)
     assert set(again.register(["e"])) == {"e"}
+
+
+# The memory store has no indexes.
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "mysql"], indirect=True)
+def test_prepare_adds_indexes_missing_from_tables_made_by_an_older_release(
+    backend: Backend,
+) -> None:
+    assert backend.url is not None
+    backend.ready()
+    tables = Tables(backend.prefix)
+    index = next(i for i in tables.slots.indexes if i.name == f"ix_{backend.prefix}slots_slot")
+    engine = create_engine(make_url(backend.url))
+    try:
+        with engine.begin() as conn:
+            index.drop(conn)
+        backend.open().prepare(create=True)
+        names = {i["name"] for i in inspect(engine).get_indexes(tables.slots.name)}
+    finally:
+        engine.dispose()
+    assert index.name in names
 
 
 def test_threads_preparing_an_empty_schema_at_once_all_succeed(backend: Backend) -> None:
@@ -408,11 +428,13 @@ def test_release_with_a_retry_delay_keeps_the_slot_off_sweeps_until_then(
     store = backend.ready()
     store.register(["e"])
     [claim] = store.claim("r1", [SlotKey("e", 10)], LONG_LEASE)
-    store.release("r1", [claim], retry_in_us=SHORT_LEASE)
+    # long enough that a loaded database answers the first sweep well inside it
+    retry_in_us = 2 * US
+    store.release("r1", [claim], retry_in_us=retry_in_us)
     other = backend.open()
     released_at = other.ping()
     assert other.take_over("r2", LONG_LEASE, 10) == []
-    wait_db_past(other, released_at + SHORT_LEASE)
+    wait_db_past(other, released_at + retry_in_us)
     assert other.take_over("r2", LONG_LEASE, 10) == [Claim("e", 10, 2)]
 
 
@@ -543,3 +565,24 @@ def test_a_claim_costs_the_same_round_trips_whatever_its_size(backend: Backend) 
 def round_trips(store: Store) -> int:
     assert isinstance(store, (SqlStore, MemoryStore))
     return store.round_trips
+
+
+# -- recent owners (work sharing) ---------------------------------------------
+
+
+def test_recent_owners_are_the_holders_of_recent_slot_rows_in_one_round_trip(
+    backend: Backend,
+) -> None:
+    store = backend.ready()
+    store.register(["a", "b", "c"])
+    assert store.recent_owners(10 * US) == []
+    now = store.ping()
+    old = now - 60 * US
+    store.claim("old-replica", [SlotKey("a", old)], LONG_LEASE)
+    [won] = store.claim("r2", [SlotKey("b", now - US)], LONG_LEASE)
+    store.confirm("r2", [won])
+    store.claim("r1", [SlotKey("c", now), SlotKey("a", now)], LONG_LEASE)
+    before = round_trips(store)
+    assert store.recent_owners(10 * US) == ["r1", "r2"]
+    assert round_trips(store) - before == 1
+    assert store.recent_owners(120 * US) == ["old-replica", "r1", "r2"]
