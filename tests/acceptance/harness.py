@@ -112,13 +112,18 @@ class BeatProcess:
         if self.alive():
             os.kill(self.pid, sig)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Resume if stopped, ask to exit, and kill if it does not in time."""
+    def stop(self, timeout: float = 10.0, *, asked: bool = False) -> None:
+        """Resume if stopped, ask to exit, and kill if it does not in time.
+
+        ``asked``: SIGTERM was sent already. A second one would land while
+        Celery's beat runs its exit handlers and raise SystemExit inside them
+        (a Traceback in the log that no scheduler code caused)."""
         if not self.alive():
             return
-        # A stopped process cannot act on SIGTERM: continue it first.
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
+        if not asked:
+            # A stopped process cannot act on SIGTERM: continue it first.
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -176,7 +181,7 @@ class BeatGroup:
                 beat.signal(signal.SIGCONT)
                 beat.signal(signal.SIGTERM)
         for beat in self.procs:
-            beat.stop()
+            beat.stop(asked=True)
 
     def outputs(self) -> str:
         """Every replica's log, for assertion messages."""
