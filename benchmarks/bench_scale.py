@@ -52,6 +52,7 @@ from bench_scheduler import (  # noqa: E402
     machine,
     running,
     table,
+    write_results,
 )
 
 #: the issue's targets
@@ -534,12 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n(run took {results['elapsed_s']:g} s; load average at end "
         f"{results['load_average_1m_at_end']})"
     )
-    path = args.json or HERE / "results" / (
-        "scale-latest-quick.json" if args.quick else "scale-latest.json"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {path}")
+    name = "scale-latest-quick.json" if args.quick else "scale-latest.json"
+    write_results(results, args.json or HERE / "results" / name)
     return 0
 
 

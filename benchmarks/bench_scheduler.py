@@ -682,8 +682,7 @@ def render(results: dict[str, Any]) -> str:
         if verdict is not None:
             out.append(
                 f"celery-singlebeat one replica >= {SINGLEBEAT_TARGET:g} dispatches/s and "
-                ">= 3x celery-redbeat: "
-                + ("yes" if verdict else "NO")
+                ">= 3x celery-redbeat: " + ("yes" if verdict else "NO")
             )
     return "\n".join(out)
 
@@ -721,11 +720,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print(render(results))
     print(f"\n(run took {results['elapsed_s']:g} s)")
-    path = args.json or HERE / "results" / ("latest-quick.json" if args.quick else "latest.json")
+    name = "latest-quick.json" if args.quick else "latest.json"
+    write_results(results, args.json or HERE / "results" / name)
+    return 0
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    """Write a run's results as JSON (benchmarks/results/ unless --json says)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results written to {path}")
-    return 0
 
 
 if __name__ == "__main__":
