@@ -459,12 +459,16 @@ class FlakyBroker(Producer):  # type: ignore[misc]
 
 
 class UnreachableBroker(Producer):  # type: ignore[misc]
-    """A producer whose broker cannot be reached; counts the attempts."""
+    """A producer whose broker cannot be reached after refusing the first
+    ``refusals`` messages (a bad message, not the connection); counts attempts."""
 
     attempts = 0
+    refusals = 0
 
     def publish(self, *args: Any, **kwargs: Any) -> None:
         type(self).attempts += 1
+        if type(self).attempts <= self.refusals:
+            raise RuntimeError("broker refused the message")
         raise KombuOperationalError("[Errno 111] Connection refused")
 
 
@@ -490,16 +494,10 @@ def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
     assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
 
 
-class RefusingThenUnreachable(Producer):  # type: ignore[misc]
+class RefusingThenUnreachable(UnreachableBroker):
     """The broker refuses the first message, then cannot be reached at all."""
 
-    attempts = 0
-
-    def publish(self, *args: Any, **kwargs: Any) -> None:
-        type(self).attempts += 1
-        if type(self).attempts == 1:
-            raise RuntimeError("broker refused the message")
-        raise KombuOperationalError("[Errno 111] Connection refused")
+    refusals = 1
 
 
 def test_the_broker_error_line_counts_only_the_slots_released_untried(

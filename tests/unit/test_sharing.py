@@ -62,7 +62,20 @@ def _round(harness: Harness, replicas: list[MemoryScheduler]) -> None:
         replica.tick()
 
 
-def _senders(harness: Harness, replicas: list[MemoryScheduler]) -> Counter[str]:
+def _sharing(harness: Harness, count: int) -> list[MemoryScheduler]:
+    """``count`` replicas that have each won a slot, so that all see one another.
+
+    Until a replica has won a slot the others do not know it: the rounds rotate
+    who ticks first, so that each wins the entries it believes are its own."""
+    replicas = [harness.replica() for _ in range(count)]
+    _start(harness, replicas)
+    for k in range(count):
+        _round(harness, replicas[k:] + replicas[:k])
+    harness.drain()
+    return replicas
+
+
+def _senders(harness: Harness) -> Counter[str]:
     return Counter(row.owner for row in harness.store.slot_rows() if row.state == 1)
 
 
@@ -73,19 +86,13 @@ def test_replicas_that_keep_up_split_the_slots_and_send_each_once(
     caplog.set_level(logging.INFO, logger="celery_singlebeat")
     n = 60
     harness = harness_for({f"job-{i:02d}": every(1) for i in range(n)})
-    replicas = [harness.replica() for _ in range(3)]
-    _start(harness, replicas)
-    # Until a replica has won a slot the others do not know it: rotate who ticks
-    # first, so that each wins the entries it believes are its own.
-    for k in range(3):
-        _round(harness, replicas[k:] + replicas[:k])
-    harness.drain()
-    before = _senders(harness, replicas)
+    replicas = _sharing(harness, 3)
+    before = _senders(harness)
     for _ in range(3):
         _round(harness, replicas)
     sent = harness.drain()
     assert len(sent) == 3 * n and len({(m.entry, m.at_us) for m in sent}) == 3 * n
-    after = _senders(harness, replicas)
+    after = _senders(harness)
     shares = {r: after[r] - before[r] for r in ("r0", "r1", "r2")}
     live = ("r0", "r1", "r2")
     first = first_replicas([f"job-{i:02d}" for i in range(n)], live)
@@ -100,11 +107,7 @@ def test_the_share_of_a_replica_that_stops_is_sent_after_the_fallback_delay(
 ) -> None:
     n = 30
     harness = harness_for({f"job-{i:02d}": every(1) for i in range(n)})
-    replicas = [harness.replica() for _ in range(3)]
-    _start(harness, replicas)
-    for k in range(3):
-        _round(harness, replicas[k:] + replicas[:k])
-    harness.drain()
+    replicas = _sharing(harness, 3)
     # r2 stops (killed): at the slot the others send only their own share ...
     alive = replicas[:2]
     harness.clock.advance(SECOND - FALLBACK)
