@@ -421,7 +421,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         taken = {c.key for c in won if self._taken_from_another(c)}
         self.stats["claimed"] += len(won)
         self.stats["lost"] += len(lost)
-        if len(won) < len(keys) and self._lost_own_share(due, keys, won):
+        if lost and self._lost_own_share(due, lost):
             # Another replica claimed slots we propose first: it does not see the
             # live replicas as we do (one just started or stopped). Look again
             # soon rather than at the next sweep, so that the views converge.
@@ -444,12 +444,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._share(live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id))
 
     @staticmethod
-    def _lost_own_share(due: list[_Tracked], keys: list[SlotKey], won: list[Claim]) -> bool:
+    def _lost_own_share(due: list[_Tracked], lost: list[SlotKey]) -> bool:
+        """True when another replica won a slot of an entry we propose first."""
         first = {t.name for t in due if t.first}
-        if not first:
-            return False
-        mine = {c.key for c in won}
-        return any(key.entry in first and key not in mine for key in keys)
+        return bool(first) and any(key.entry in first for key in lost)
 
     def _push(self, tracked: _Tracked) -> None:
         heapq.heappush(self._heap if tracked.first else self._later, tracked)
