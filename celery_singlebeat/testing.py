@@ -53,7 +53,18 @@ from typing import Any, NamedTuple
 from .clock import DatabaseClock, datetime_to_us, us_to_datetime
 from .exceptions import SchemaError, StoreUnavailable
 from .scheduler import SingleBeatScheduler
-from .store.base import EARLY_TOLERANCE_US, Claim, EntryState, SlotKey, Store
+from .store.base import (
+    EARLY_TOLERANCE_US,
+    Busy,
+    Claim,
+    EntryState,
+    Lease,
+    Run,
+    RunBegin,
+    RunStatus,
+    SlotKey,
+    Store,
+)
 from .store.schema import SCHEMA_VERSION
 
 __all__ = ["FakeClock", "MemoryScheduler", "MemoryStore", "SlotRow"]
@@ -127,6 +138,28 @@ class _Entry:
     last_slot_us: int | None = None
 
 
+@dataclass
+class _Lock:
+    token: int
+    owner: str
+    expires_us: int
+    acquired_us: int
+
+
+@dataclass
+class _RunRow:
+    run_id: str
+    state: int  # 0 running, 1 finished
+    owner: str
+    task_id: str
+    expires_us: int
+    started_us: int
+    attempts: int = 1
+    repeats: int = 0
+    finished_us: int | None = None
+    outcome: str | None = None
+
+
 class _FollowingClock(DatabaseClock):
     """A DatabaseClock whose "local wall clock" is the store's own time source,
     so between round trips the scheduler sees exactly the time the test set."""
@@ -169,6 +202,9 @@ class MemoryStore(Store):
         self._entries: dict[str, _Entry] = {}
         self._slots: dict[SlotKey, _Row] = {}
         self._prune_next_us = 0
+        self._locks: dict[str, _Lock] = {}
+        self._runs: dict[SlotKey, _RunRow] = {}
+        self._prune_singletons_next_us = 0
         #: the schema version "in the database"; None until prepare(create=True).
         #: Set it above the supported version to test the upgrade refusal.
         self.schema_version: int | None = None
@@ -351,6 +387,118 @@ class MemoryStore(Store):
             return sorted(
                 {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
             )
+
+    # -- singleton keys and runs ----------------------------------------
+
+    def run_rows(self) -> dict[SlotKey, dict[str, Any]]:
+        """Every run row (SingletonTask), as dicts of its columns (not a round trip)."""
+        with self._lock:
+            return {key: dict(vars(row)) for key, row in sorted(self._runs.items())}
+
+    def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
+        """See :meth:`Store.acquire_lease`."""
+        with self._round_trip("acquire lease") as now:
+            lock = self._locks.get(key)
+            if lock is not None and lock.expires_us >= now:
+                return Busy(lock.owner, lock.expires_us)
+            token = now if lock is None else max(lock.token + 1, now)
+            self._locks[key] = _Lock(token, owner, now + ttl_us, now)
+            return Lease(key, token, now + ttl_us)
+
+    def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
+        """See :meth:`Store.renew_lease`."""
+        with self._round_trip("renew lease") as now:
+            lock = self._locks.get(lease.key)
+            if lock is None or lock.token != lease.token or lock.expires_us <= 0:
+                return None
+            lock.expires_us = now + ttl_us
+            return lease._replace(expires_us=lock.expires_us)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """See :meth:`Store.release_lease`."""
+        with self._round_trip("release lease"):
+            lock = self._locks.get(lease.key)
+            if lock is None or lock.token != lease.token or lock.expires_us <= 0:
+                return False
+            lock.expires_us = 0
+            return True
+
+    def lease_holds(self, key: str, token: int) -> bool:
+        """See :meth:`Store.lease_holds`."""
+        with self._round_trip("check lease") as now:
+            lock = self._locks.get(key)
+            return lock is not None and lock.token == token and lock.expires_us > now
+
+    def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
+        """See :meth:`Store.begin_run`."""
+        with self._round_trip("begin run") as now:
+            key = SlotKey(run.entry, run.slot_us)
+            row = self._runs.get(key)
+            if row is None:
+                self._runs[key] = _RunRow(run.run_id, 0, owner, task_id, now + ttl_us, now)
+                return RunBegin(RunStatus.STARTED, owner, None)
+            if row.state == 0 and row.expires_us < now:
+                row.run_id, row.owner, row.task_id = run.run_id, owner, task_id
+                row.expires_us, row.started_us = now + ttl_us, now
+                row.attempts += 1
+                return RunBegin(RunStatus.STARTED, owner, None)
+            row.repeats += 1
+            status = RunStatus.FINISHED if row.state == 1 else RunStatus.RUNNING
+            return RunBegin(status, row.owner, row.outcome)
+
+    def _own_run(self, run: Run) -> _RunRow | None:
+        row = self._runs.get(SlotKey(run.entry, run.slot_us))
+        if row is None or row.run_id != run.run_id or row.state != 0:
+            return None
+        return row
+
+    def renew_run(self, run: Run, ttl_us: int) -> bool:
+        """See :meth:`Store.renew_run`."""
+        with self._round_trip("renew run") as now:
+            row = self._own_run(run)
+            if row is not None:
+                row.expires_us = now + ttl_us
+            return row is not None
+
+    def finish_run(self, run: Run, outcome: str) -> bool:
+        """See :meth:`Store.finish_run`."""
+        with self._round_trip("finish run") as now:
+            row = self._own_run(run)
+            if row is not None:
+                row.state, row.finished_us, row.outcome = 1, now, outcome
+            return row is not None
+
+    def abandon_run(self, run: Run) -> bool:
+        """See :meth:`Store.abandon_run`."""
+        with self._round_trip("abandon run"):
+            row = self._own_run(run)
+            if row is not None:
+                row.expires_us = 0
+            return row is not None
+
+    def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
+        """See :meth:`Store.prune_singletons`."""
+        with self._round_trip("prune singletons") as now:
+            if self._prune_singletons_next_us > now:
+                return None
+            self._prune_singletons_next_us = now + every_us
+            cutoff = now - retention_us
+            runs = [
+                k
+                for k, r in self._runs.items()
+                if (r.state == 1 and (r.finished_us or 0) < cutoff)
+                or (r.state == 0 and r.expires_us < cutoff)
+            ]
+            locks = [
+                name
+                for name, lock in self._locks.items()
+                if lock.expires_us < now and lock.acquired_us < cutoff
+            ]
+            for k in runs:
+                del self._runs[k]
+            for name in locks:
+                del self._locks[name]
+            return len(runs) + len(locks)
 
     def ping(self) -> int:
         """See :meth:`Store.ping`."""

@@ -18,12 +18,26 @@ Vocabulary, used by every contract below:
 * an entry's **high-water mark** is the latest slot that may have been deleted
   by :meth:`Store.prune`; a slot at or below it is never won, so a deleted row
   can never be won a second time, whatever a lagging replica proposes.
+
+Workers (:class:`~celery_singlebeat.SingletonTask`) use two more kinds of row:
+
+* a **lease** on a singleton key (a string naming what may run once at a
+  time) is held until ``expires_us``; its **token** grows every time the lease
+  changes hands, never otherwise, and is never smaller than the database's
+  time of the hand-over, so it keeps growing even after an idle lease row was
+  pruned. A lease whose ``expires_us`` has passed is **free**; a released
+  lease is free at once;
+* a **run** row records the execution of one slot (``entry``, ``slot_us``) by
+  a worker: **running** (``finished`` false) until ``expires_us``, which the
+  worker renews while it runs, then **finished**. Each start of a run has its
+  own ``run_id``, so a worker can only finish or renew the start it made.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from enum import Enum
 from typing import NamedTuple
 
 from ..clock import DatabaseClock
@@ -73,6 +87,51 @@ class EntryState(NamedTuple):
     anchor_us: int
     #: latest slot any replica claimed (None: never run).
     last_slot_us: int | None
+
+
+class Lease(NamedTuple):
+    """A singleton key this process holds, and the proof of which hand-over it won."""
+
+    key: str
+    token: int
+    #: the lease's end on the database's clock (renewals move it).
+    expires_us: int
+
+
+class Busy(NamedTuple):
+    """Who holds a key that could not be acquired (for logs and errors)."""
+
+    owner: str
+    expires_us: int
+
+
+class RunStatus(Enum):
+    """What :meth:`Store.begin_run` found for a slot."""
+
+    #: this worker starts the slot's execution (first delivery, or a retake).
+    STARTED = "started"
+    #: the slot already ran to the end: this delivery is a repeat.
+    FINISHED = "finished"
+    #: another worker is running the slot right now (its row is live).
+    RUNNING = "running"
+
+
+class Run(NamedTuple):
+    """One start of one slot's execution, as :meth:`Store.begin_run` made it."""
+
+    entry: str
+    slot_us: int
+    run_id: str
+
+
+class RunBegin(NamedTuple):
+    """The answer of :meth:`Store.begin_run`."""
+
+    status: RunStatus
+    #: the worker that holds (or last held) the run row.
+    owner: str
+    #: the outcome recorded when the run finished (``None`` while running).
+    outcome: str | None
 
 
 class Store(ABC):
@@ -178,6 +237,92 @@ class Store(ABC):
         (every replica then proposes every slot at once, as before).
         """
         return []
+
+    # -- singleton keys (SingletonTask) -------------------------------------
+
+    @abstractmethod
+    def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
+        """Take the lease on ``key`` for ``ttl_us`` if it is free; one atomic decision.
+
+        Won when the key has no row, or its lease has expired or was released:
+        the row passes to ``owner`` with ``token = max(previous token + 1, now)``
+        (``now`` for a new row) and ``expires_us = now + ttl_us``. Otherwise
+        nothing changes and the answer is the current holder (:class:`Busy`).
+        Of concurrent callers on a free key exactly one wins. A holder asking
+        again does not renew: it gets :class:`Busy` like anyone else.
+        """
+
+    @abstractmethod
+    def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
+        """Extend a held lease to ``now + ttl_us``; ``None`` when it is lost.
+
+        Changes the row only when its token is ``lease.token`` and it was not
+        released; the token never changes. A lease that expired but that no one
+        took since is renewed (nobody else held the key in between, so the
+        token still proves exclusive possession). ``None`` means another
+        holder took the key (or the lease was released): it cannot be won back
+        by renewing.
+        """
+
+    @abstractmethod
+    def release_lease(self, lease: Lease) -> bool:
+        """Free the key at once if ``lease`` still holds it; True when it did.
+
+        Only the row with ``lease.token`` is touched (never a blind delete): a
+        holder whose lease was taken over releases nothing. Releasing twice is
+        harmless (the second answer is False).
+        """
+
+    @abstractmethod
+    def lease_holds(self, key: str, token: int) -> bool:
+        """True when ``token`` holds ``key`` now (not released, not expired).
+
+        One round trip; the guard a task runs before a write that must not
+        come from a stale holder.
+        """
+
+    @abstractmethod
+    def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
+        """Record that ``owner`` starts executing slot ``(run.entry, run.slot_us)``.
+
+        STARTED when the slot has no run row (one is inserted: running, with
+        ``run.run_id`` and ``expires_us = now + ttl_us``), or when its row is
+        running but expired (the worker that ran it died or lost the database
+        for longer than the ttl: the row is retaken with the new ``run_id``).
+        Otherwise nothing is started: FINISHED when the row is finished, RUNNING
+        when it is running and live; both count one more repeat on the row
+        (``repeats``, ``last_repeat_us``), so duplicate deliveries are recorded.
+        Of concurrent callers for one slot, exactly one gets STARTED.
+        """
+
+    @abstractmethod
+    def renew_run(self, run: Run, ttl_us: int) -> bool:
+        """Extend a running row started by ``run.run_id`` to ``now + ttl_us``.
+
+        False when the row is finished or was retaken by another start."""
+
+    @abstractmethod
+    def finish_run(self, run: Run, outcome: str) -> bool:
+        """Mark the run finished with ``outcome``; True when ``run.run_id`` still
+        owned it. A finished run is never started again (see :meth:`begin_run`)."""
+
+    @abstractmethod
+    def abandon_run(self, run: Run) -> bool:
+        """Let the slot be started again at once (the task will be retried).
+
+        Only a running row with ``run.run_id`` changes: its expiry is set in the
+        past, so the next :meth:`begin_run` of the slot gets STARTED."""
+
+    @abstractmethod
+    def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
+        """Delete finished (or long expired) run rows and idle lease rows older
+        than ``retention_us``; return how many rows went.
+
+        At most one caller per ``every_us`` across all processes (``None`` when
+        it is not this caller's turn). A lease row is idle when it is free and
+        was acquired more than ``retention_us`` ago; the token rule of
+        :meth:`acquire_lease` keeps tokens growing after such a row is gone.
+        """
 
     @abstractmethod
     def ping(self) -> int:

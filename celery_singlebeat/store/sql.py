@@ -24,7 +24,19 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
-from .base import EARLY_TOLERANCE_US, Claim, EntryState, SlotKey, Store
+from .base import (
+    EARLY_TOLERANCE_US,
+    Busy,
+    Claim,
+    EntryState,
+    Lease,
+    Run,
+    RunBegin,
+    RunStatus,
+    SlotKey,
+    Store,
+)
+from .lease_statements import LeaseDialect, lease_dialect_for
 from .schema import SCHEMA_VERSION, Tables
 from .statements import Dialect, dialect_for
 
@@ -105,6 +117,7 @@ class SqlStore(Store):
         self._install_session_setup()
         self.tables = Tables(table_prefix)
         self.sql: Dialect = dialect_for(self.backend, table_prefix)
+        self.lease_sql: LeaseDialect = lease_dialect_for(self.backend, table_prefix)
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
         self.round_trips = 0
@@ -199,13 +212,16 @@ class SqlStore(Store):
             elif create:
                 # Tables made by an older release lack the indexes added since
                 # (ix_<prefix>slots_slot); create_all skips existing tables.
+                # (Tables added since, e.g. the locks and runs of SingletonTask,
+                # are created by the branch above.)
                 for table in self.tables.metadata.sorted_tables:
                     for index in table.indexes:
                         index.create(conn, checkfirst=True)
             conn.execute(
                 text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
             )
-            conn.execute(text(self.sql.meta_insert), {"key": "prune", "value_us": 0})
+            for turn in ("prune", "prune_singletons"):
+                conn.execute(text(self.sql.meta_insert), {"key": turn, "value_us": 0})
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
             ).one()[1]
@@ -370,6 +386,114 @@ class SqlStore(Store):
             lambda conn: self._fetch(conn, self.sql.recent_owners, window_us=window_us),
         )
         return sorted(str(r[1]) for r in rows if r[1] is not None)
+
+    # -- singleton keys and runs ------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
+        grant = uuid.uuid4().hex
+        params = {"key": key, "owner": owner, "grant": grant, "ttl_us": ttl_us}
+        sql = self.lease_sql
+
+        def work(conn: Connection) -> Lease | Busy:
+            if sql.returning:
+                rows = self._fetch(conn, sql.acquire, **params)
+                if rows and rows[0][1] is not None:
+                    return Lease(key, int(rows[0][1]), int(rows[0][2]))
+                if rows:  # PostgreSQL: the holder comes with the answer
+                    return Busy(str(rows[0][3] or "?"), int(rows[0][4] or 0))
+                # SQLite returns nothing when the key is busy: read the holder
+                row = self._fetch(conn, sql.lease_row, key=key)[0]
+                return Busy(str(row[3] or "?"), int(row[2] or 0))
+            conn.execute(text(sql.acquire), params)
+            _now, token, expires, holder, row_grant = self._fetch(conn, sql.lease_row, key=key)[0]
+            if row_grant == grant:
+                return Lease(key, int(token), int(expires))
+            return Busy(str(holder or "?"), int(expires or 0))
+
+        return self._run("acquire lease", work)
+
+    def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
+        params = {"key": lease.key, "token": lease.token, "ttl_us": ttl_us}
+        sql = self.lease_sql
+
+        def work(conn: Connection) -> Lease | None:
+            if sql.returning:
+                rows = self._fetch(conn, sql.renew, **params)
+                if not rows or rows[0][1] is None:
+                    return None
+                return lease._replace(expires_us=int(rows[0][1]))
+            if conn.execute(text(sql.renew), params).rowcount != 1:
+                return None
+            row = self._fetch(conn, sql.lease_row, key=lease.key)[0]
+            return lease._replace(expires_us=int(row[2]))
+
+        return self._run("renew lease", work)
+
+    def release_lease(self, lease: Lease) -> bool:
+        params = {"key": lease.key, "token": lease.token}
+        return self._run(
+            "release lease",
+            lambda conn: conn.execute(text(self.lease_sql.release), params).rowcount == 1,
+        )
+
+    def lease_holds(self, key: str, token: int) -> bool:
+        rows = self._run(
+            "check lease",
+            lambda conn: self._fetch(conn, self.lease_sql.holds, key=key, token=token),
+        )
+        return int(rows[0][1]) > 0
+
+    def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
+        params = {
+            "entry": run.entry,
+            "slot_us": run.slot_us,
+            "run_id": run.run_id,
+            "owner": owner,
+            "task_id": task_id,
+            "ttl_us": ttl_us,
+        }
+        sql = self.lease_sql
+
+        def work(conn: Connection) -> RunBegin:
+            if sql.returning:
+                row = self._fetch(conn, sql.begin_run, **params)[0]
+            else:
+                conn.execute(text(sql.begin_run), params)
+                row = self._fetch(conn, sql.run_row, entry=run.entry, slot_us=run.slot_us)[0]
+            _now, run_id, state, holder, outcome = row
+            if run_id == run.run_id:
+                status = RunStatus.STARTED
+            else:
+                status = RunStatus.FINISHED if int(state) == 1 else RunStatus.RUNNING
+            return RunBegin(status, str(holder), outcome)
+
+        return self._run("begin run", work)
+
+    def _run_update(self, what: str, statement: str, run: Run, **extra: Any) -> bool:
+        params = {"entry": run.entry, "slot_us": run.slot_us, "run_id": run.run_id, **extra}
+        return self._run(what, lambda conn: conn.execute(text(statement), params).rowcount == 1)
+
+    def renew_run(self, run: Run, ttl_us: int) -> bool:
+        return self._run_update("renew run", self.lease_sql.renew_run, run, ttl_us=ttl_us)
+
+    def finish_run(self, run: Run, outcome: str) -> bool:
+        return self._run_update("finish run", self.lease_sql.finish_run, run, outcome=outcome)
+
+    def abandon_run(self, run: Run) -> bool:
+        return self._run_update("abandon run", self.lease_sql.abandon_run, run)
+
+    def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
+        sql = self.lease_sql
+
+        def work(conn: Connection) -> int | None:
+            if conn.execute(text(sql.prune_turn), {"every_us": every_us}).rowcount != 1:
+                return None
+            params = {"retention_us": retention_us}
+            runs = conn.execute(text(sql.prune_runs), params).rowcount
+            locks = conn.execute(text(sql.prune_locks), params).rowcount
+            return int(runs) + int(locks)
+
+        return self._run("prune singletons", work)
 
     def ping(self) -> int:
         return self._run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
