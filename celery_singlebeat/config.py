@@ -105,6 +105,9 @@ class Settings:
     max_loop_interval: timedelta
     #: how many expired claims one sweep takes over at most.
     takeover_batch: int = 500
+    #: SingletonTask: finished run rows (per-slot dedupe) and idle key rows are
+    #: kept this long; a slot delivered again later than this runs again.
+    run_retention: timedelta = timedelta(days=7)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,6 +117,10 @@ class Settings:
     @property
     def retention_us(self) -> int:
         return _us(self.retention)
+
+    @property
+    def run_retention_us(self) -> int:
+        return _us(self.run_retention)
 
     @property
     def safe_url(self) -> str:
@@ -184,6 +191,14 @@ class Settings:
                 f"singlebeat_retention ({retention.total_seconds():g}s) must be at least four "
                 f"times singlebeat_lease ({lease.total_seconds():g}s)"
             )
+        run_retention = _duration(
+            "singlebeat_run_retention", conf.get("singlebeat_run_retention", 7 * 86_400)
+        )
+        if run_retention < timedelta(hours=1):
+            raise ConfigurationError(
+                f"singlebeat_run_retention ({run_retention.total_seconds():g}s) must be at "
+                "least one hour: it is how long a repeated delivery of a slot is recognised"
+            )
         default_policy = MissedPolicy("coalesce", _us(timedelta(seconds=5)), 100)
         missed = parse_missed_policy("singlebeat_", conf, default_policy)
 
@@ -218,4 +233,5 @@ class Settings:
             table_prefix=prefix,
             replica_id=replica_id,
             max_loop_interval=max_loop,
+            run_retention=run_retention,
         )

@@ -34,3 +34,36 @@ class SchemaError(SingleBeatError):
 
 class ScheduleError(SingleBeatError, ValueError):
     """A ``beat_schedule`` entry cannot be turned into shared slot instants."""
+
+
+class SingletonBusy(SingleBeatError):
+    """A SingletonTask's key was held by another execution.
+
+    Raised in the worker with ``singleton_busy = "raise"`` (the task's state is
+    then FAILURE), and the exception of the final attempt when
+    ``singleton_busy = "retry"`` ran out of retries.
+    """
+
+    def __init__(self, key: str, holder: str, until: str) -> None:
+        super().__init__(f"singleton key {key!r} is held by {holder} until {until}")
+        self.key = key
+        self.holder = holder
+        self.until = until
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # result backends pickle or rebuild exceptions from their arguments
+        return (type(self), (self.key, self.holder, self.until))
+
+
+class LeaseLost(SingleBeatError):
+    """The running task no longer holds its singleton key.
+
+    Raised by ``self.singleton.check()`` and ``self.singleton.guard()`` once the
+    heartbeat found the lease taken over (or could not renew it before it
+    expired): another execution may be running; stop before writing.
+    """
+
+
+class SingletonKeyError(SingleBeatError, ValueError):
+    """A SingletonTask's key function raised, or returned something other than
+    a non-empty string."""

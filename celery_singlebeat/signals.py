@@ -1,6 +1,7 @@
-"""Signals for metrics, tracing and tests; they fire in the beat process.
+"""Signals for metrics, tracing and tests.
 
-Each receives ``sender`` (the scheduler) and keyword arguments:
+The scheduler's fire in the beat process; each receives ``sender`` (the
+scheduler) and keyword arguments:
 
 * :data:`slot_claimed` — ``entry``, ``slot`` (aware UTC datetime), ``task_id``,
   ``fence``, ``taken_over``: this replica won the slot and is about to publish.
@@ -11,6 +12,9 @@ Each receives ``sender`` (the scheduler) and keyword arguments:
   the confirm has not been written yet.
 * :data:`slots_skipped` — ``entry``, ``count``, ``first``, ``last``: the missed-run
   policy dropped slots (after an outage, or when every replica was down).
+
+SingletonTask's fire in the worker (see the names below and
+``docs/singleton.md``).
 
 A receiver that raises is logged and ignored (Celery's ``Signal.send``), so it
 can never stop the scheduler from sending.
@@ -31,4 +35,22 @@ slot_published = Signal(
 slots_skipped = Signal(
     name="singlebeat_slots_skipped",
     providing_args={"entry", "count", "first", "last"},
+)
+
+# -- SingletonTask: these fire in the worker; ``sender`` is the task ----------
+
+#: ``key``, ``holder``, ``task_id``: the key was busy and the busy policy is "skip".
+singleton_skipped = Signal(
+    name="singlebeat_singleton_skipped", providing_args={"key", "holder", "task_id"}
+)
+#: ``entry``, ``slot``, ``task_id``, ``status`` ("finished"/"running"): a repeat
+#: delivery of a slot that already ran (or is running) was dropped.
+singleton_duplicate = Signal(
+    name="singlebeat_singleton_duplicate",
+    providing_args={"entry", "slot", "task_id", "status"},
+)
+#: ``key``, ``token``, ``task_id``, ``reason``: a running task lost its lease
+#: (fired from the heartbeat thread).
+singleton_lease_lost = Signal(
+    name="singlebeat_singleton_lease_lost", providing_args={"key", "token", "task_id", "reason"}
 )

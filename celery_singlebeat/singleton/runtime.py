@@ -1,0 +1,94 @@
+"""What a worker process needs to run SingletonTasks: settings, a store, an id.
+
+One of each per Celery app per process, made on first use. Prefork children
+inherit the parent's objects through fork; a connection pool must never be
+shared across processes, so a child that finds objects made under another
+pid drops them (without closing the parent's sockets) and makes its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from ..config import Settings, default_replica_id
+from ..exceptions import SchemaError
+from ..store.base import Store
+
+logger = logging.getLogger("celery_singlebeat.singleton")
+
+
+class Runtime:
+    """Settings, store and owner id of one app in this process."""
+
+    def __init__(self, app: Any) -> None:
+        self.settings = Settings.from_conf(app.conf)
+        self.owner = default_replica_id()
+        self.pid = os.getpid()
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+
+    def store(self) -> Store:
+        """The store, schema checked (created when allowed) on first use.
+
+        Raises StoreUnavailable while the database is down (nothing is cached
+        then, so the next call tries again) and SchemaError when the tables
+        are missing and may not be created."""
+        with self._lock:
+            if self._store is None:
+                store = self._open()
+                try:
+                    store.prepare(self.settings.create_schema)
+                except SchemaError:
+                    store.close()
+                    raise
+                except Exception:
+                    store.close()
+                    raise
+                self._store = store
+                logger.debug(
+                    "singlebeat: singleton store %s ready (owner %s)",
+                    self.settings.safe_url,
+                    self.owner,
+                )
+            return self._store
+
+    def _open(self) -> Store:
+        from ..store.sql import SqlStore
+
+        return SqlStore(
+            self.settings.url,
+            table_prefix=self.settings.table_prefix,
+            engine_options=dict(self.settings.engine_options),
+        )
+
+    def forget_after_fork(self) -> None:
+        """Drop the parent's pool without touching its connections."""
+        store, self._store = self._store, None
+        engine = getattr(store, "engine", None)
+        if engine is not None:
+            engine.dispose(close=False)
+
+
+_runtimes: dict[int, Runtime] = {}
+_guard = threading.Lock()
+
+
+def runtime_for(app: Any) -> Runtime:
+    """This process's runtime for ``app``; ConfigurationError for bad settings."""
+    with _guard:
+        runtime = _runtimes.get(id(app))
+        if runtime is None or runtime.pid != os.getpid():
+            if runtime is not None:
+                runtime.forget_after_fork()
+            runtime = _runtimes[id(app)] = Runtime(app)
+        return runtime
+
+
+def set_store(app: Any, store: Store) -> None:
+    """Use ``store`` for ``app``'s SingletonTasks in this process (tests)."""
+    runtime = runtime_for(app)
+    with runtime._lock:
+        runtime._store = store

@@ -1,0 +1,336 @@
+"""SingletonTask: at most one execution at a time per key, each slot executed once.
+
+An execution goes through these steps (``docs/singleton.md`` has the why):
+
+1. a message the scheduler sent carries its slot (header ``singlebeat_slot``):
+   :meth:`Store.begin_run` records the slot's start, or finds it already
+   finished/running, in which case this delivery is a repeat and is dropped;
+2. the key's lease is acquired (one round trip); a busy key follows the
+   task's ``singleton_busy`` policy;
+3. the body runs while the heartbeat renews the lease every third of the TTL;
+4. the run row is finished (or, for ``self.retry()``, abandoned so the retry
+   may start the slot again) and the lease is released, checking the token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from datetime import timedelta
+from typing import Any, ClassVar, NoReturn
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import worker_init
+
+from .. import signals
+from ..clock import US, us_to_datetime
+from ..exceptions import SingletonBusy, StoreUnavailable
+from ..slots import SLOT_HEADER
+from ..store.base import Busy, Lease, Run, RunStatus, Store
+from . import context
+from .context import Singleton, SlotInfo
+from .heartbeat import Held, heartbeat
+from .keys import (
+    KeyOption,
+    check_busy_option,
+    check_key_option,
+    compute_key,
+    parse_ttl,
+)
+from .runtime import runtime_for
+
+logger = logging.getLogger("celery_singlebeat.singleton")
+
+#: Retry delay when the database cannot decide who may run (StoreUnavailable).
+UNAVAILABLE_RETRY_DELAY = 5.0
+#: How often one worker process offers to prune old run and key rows.
+PRUNE_EVERY = 600.0
+
+
+def _is_concrete(cls: type) -> bool:
+    """True for a class with a body: a ``@app.task`` class or one defining ``run``."""
+    for klass in cls.__mro__:
+        if klass is Task:
+            return False
+        if "run" in vars(klass):
+            return True
+    return False
+
+
+def _raw_option(cls: type, name: str) -> Any:
+    """A class attribute as written: a function stays a function (not a method)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    return None
+
+
+class SingletonTask(Task):  # type: ignore[misc]
+    """A Celery task of which at most one execution runs at a time per key.
+
+    Options (class attributes, or keyword arguments of ``@app.task``):
+
+    * ``singleton_ttl`` (required): seconds or timedelta, at least 1 s. How
+      long the key stays held after its worker died; the heartbeat renews it
+      every third of it while the task runs, so a task may run much longer.
+    * ``singleton_key``: ``None`` (default: the task name), ``"args"`` (the
+      name and the JSON of the arguments) or a function ``(args, kwargs) ->
+      str``.
+    * ``singleton_busy``: what a call finding the key held does: ``"skip"``
+      (default: logged at INFO, state SUCCESS with result ``None``),
+      ``"retry"`` (``self.retry`` after ``singleton_retry_delay``; state
+      RETRY, and FAILURE with :class:`SingletonBusy` once ``max_retries`` is
+      used up) or ``"raise"`` (state FAILURE with :class:`SingletonBusy`).
+    * ``singleton_retry_delay``: seconds before a busy retry (default: the TTL).
+
+    In the body, ``self.singleton`` is the execution's
+    :class:`~celery_singlebeat.singleton.context.Singleton` (key, fencing
+    ``token``, ``slot``, ``lost``, ``check()``, ``guard()``).
+    """
+
+    singleton_ttl: ClassVar[float | timedelta | None] = None
+    singleton_key: ClassVar[KeyOption] = None
+    singleton_busy: ClassVar[str] = "skip"
+    singleton_retry_delay: ClassVar[float | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not _is_concrete(cls):
+            return  # an intermediate base: its subclasses are checked
+        name = str(vars(cls).get("name") or f"{cls.__module__}.{cls.__qualname__}")
+        cls._singleton_ttl_us = parse_ttl(name, cls.singleton_ttl) // timedelta(microseconds=1)
+        check_key_option(name, _raw_option(cls, "singleton_key"))
+        check_busy_option(name, cls.singleton_busy)
+        delay = cls.singleton_retry_delay
+        if delay is not None and (
+            not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0
+        ):
+            from ..exceptions import ConfigurationError
+
+            raise ConfigurationError(
+                f"{name}: singleton_retry_delay={delay!r}: expected seconds >= 0 or None"
+            )
+
+    _singleton_ttl_us: ClassVar[int] = 0
+
+    # -- the caller's side --------------------------------------------------
+
+    def singleton_key_for(self, args: Any = None, kwargs: Any = None) -> str:
+        """The key a call with these arguments holds (SingletonKeyError if none)."""
+        return compute_key(self.name, _raw_option(type(self), "singleton_key"), args, kwargs)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        # A key function that cannot make a key fails here, in the caller,
+        # rather than later in a worker's log.
+        self.singleton_key_for(args, kwargs)
+        return super().apply_async(args, kwargs, *rest, **options)
+
+    # -- the worker's side --------------------------------------------------
+
+    @property
+    def singleton(self) -> Singleton:
+        """The running execution's lease (only inside the task body)."""
+        current = context.current(self.name)
+        if current is None:
+            raise RuntimeError(
+                f"{self.name}: self.singleton exists only while the task runs in a worker "
+                "(or through apply()); a direct call holds no lease"
+            )
+        return current
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            # task(...) is a plain function call: no message, no lease
+            return super().__call__(*args, **kwargs)
+        key = self.singleton_key_for(args, kwargs)
+        slot = _slot_of(request)
+        runtime = runtime_for(self.app)
+        ttl_us = self._singleton_ttl_us
+        task_id = str(request.id)
+        run = Run(slot.entry, slot.slot_us, uuid.uuid4().hex) if slot else None
+        started = time.monotonic()
+        try:
+            store = runtime.store()
+            if run is not None:
+                begin = store.begin_run(run, runtime.owner, task_id, ttl_us)
+                if begin.status is not RunStatus.STARTED:
+                    self._drop_repeat(slot, begin.status, begin.owner, task_id)
+            got = self._acquire(store, run, key, runtime.owner, ttl_us)
+        except StoreUnavailable as exc:
+            # Nobody can prove the key is free: run nothing, try later. The
+            # retry waits past the TTL when a run row may be left behind.
+            delay = UNAVAILABLE_RETRY_DELAY if run is None else ttl_us / US + 1
+            logger.warning(
+                "singlebeat: %s[%s]: cannot reach the singleton database (%s); retrying in %gs",
+                self.name,
+                task_id,
+                exc,
+                delay,
+            )
+            raise self.retry(countdown=delay, exc=exc) from exc
+        if isinstance(got, Busy):
+            return self._busy(store, run, key, got, task_id)
+
+        singleton = Singleton(store, self.name, key, got.token, task_id, slot)
+        held = Held(singleton, store, got, run, ttl_us, started + ttl_us / US, sender=self)
+        beat = heartbeat()
+        beat.hold(held)
+        context.push(singleton)
+        outcome = "failure"
+        try:
+            result = super().__call__(*args, **kwargs)
+            outcome = "success"
+            return result
+        except (Retry, Reject):
+            outcome = "retry"
+            raise
+        except Ignore:
+            outcome = "ignored"
+            raise
+        finally:
+            context.pop()
+            beat.drop(held)
+            self._finish(store, held, outcome)
+            self._maybe_prune(runtime, store)
+
+    def _acquire(
+        self, store: Store, run: Run | None, key: str, owner: str, ttl_us: int
+    ) -> Lease | Busy:
+        try:
+            return store.acquire_lease(key, owner, ttl_us)
+        except StoreUnavailable:
+            if run is not None:
+                # else the row expires after the TTL, and the retry waits that long
+                with contextlib.suppress(StoreUnavailable):
+                    store.abandon_run(run)
+            raise
+
+    def _drop_repeat(
+        self, slot: SlotInfo | None, status: RunStatus, holder: str, task_id: str
+    ) -> NoReturn:
+        assert slot is not None
+        logger.info(
+            "singlebeat: %s[%s]: slot %s@%s already %s (by %s): dropping this repeated delivery",
+            self.name,
+            task_id,
+            slot.entry,
+            slot.at.isoformat(),
+            status.value,
+            holder,
+        )
+        if signals.singleton_duplicate.receivers:
+            signals.singleton_duplicate.send(
+                sender=self, entry=slot.entry, slot=slot.at, task_id=task_id, status=status.value
+            )
+        # Ignore: no result is stored, so the result of the execution that
+        # ran (same task id) is not overwritten.
+        raise Ignore()
+
+    def _busy(self, store: Store, run: Run | None, key: str, busy: Busy, task_id: str) -> Any:
+        until = us_to_datetime(busy.expires_us).isoformat() if busy.expires_us else "?"
+        policy = self.singleton_busy
+        if run is not None:
+            outcome = "skipped" if policy == "skip" else "busy"
+
+            def record() -> None:
+                # a retry may start the slot again; skip and raise end it
+                if policy == "retry":
+                    store.abandon_run(run)
+                else:
+                    store.finish_run(run, outcome)
+
+            try:
+                record()
+            except StoreUnavailable:
+                heartbeat().defer(f"recording slot {run.entry}@{run.slot_us} as not run", record)
+        if policy == "skip":
+            logger.info(
+                "singlebeat: %s[%s]: singleton key %r is held by %s until %s: skipped",
+                self.name,
+                task_id,
+                key,
+                busy.owner,
+                until,
+            )
+            if signals.singleton_skipped.receivers:
+                signals.singleton_skipped.send(
+                    sender=self, key=key, holder=busy.owner, task_id=task_id
+                )
+            return None
+        error = SingletonBusy(key, busy.owner, until)
+        if policy == "retry":
+            delay = self.singleton_retry_delay
+            countdown = self._singleton_ttl_us / US if delay is None else delay
+            raise self.retry(countdown=countdown, exc=error)
+        raise error
+
+    def _finish(self, store: Store, held: Held, outcome: str) -> None:
+        run, lease = held.run, held.lease
+
+        def finish_run() -> None:
+            if run is None:
+                return
+            done = store.abandon_run(run) if outcome == "retry" else store.finish_run(run, outcome)
+            if not done:
+                logger.warning(
+                    "singlebeat: the run row of slot %s@%s was taken by another start "
+                    "before task %s finished",
+                    run.entry,
+                    run.slot_us,
+                    held.singleton.task_id,
+                )
+
+        def release() -> None:
+            store.release_lease(lease)
+
+        for what, work in (("finishing the run row", finish_run), ("releasing the key", release)):
+            try:
+                work()
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "singlebeat: %s of task %s failed (%s); retrying in the background",
+                    what,
+                    held.singleton.task_id,
+                    exc,
+                )
+                heartbeat().defer(f"{what} of task {held.singleton.task_id}", work)
+
+    def _maybe_prune(self, runtime: Any, store: Store) -> None:
+        now = time.monotonic()
+        if now < getattr(runtime, "next_prune", 0.0):
+            return
+        runtime.next_prune = now + PRUNE_EVERY
+        settings = runtime.settings
+        heartbeat().defer(
+            "pruning old singleton rows",
+            lambda: store.prune_singletons(settings.run_retention_us, int(3600 * US)),
+        )
+
+
+@worker_init.connect(weak=False)
+def _check_settings_at_start(sender: Any = None, **_: Any) -> None:
+    """Fail a worker's start, naming the setting, when its app has SingletonTasks
+    and the singlebeat settings are wrong (rather than failing every task)."""
+    app = getattr(sender, "app", None)
+    if app is None or not any(isinstance(t, SingletonTask) for t in app.tasks.values()):
+        return
+    runtime_for(app)
+
+
+def _slot_of(request: Any) -> SlotInfo | None:
+    """The slot a scheduler-sent message carries (None for other messages)."""
+    header = getattr(request, SLOT_HEADER, None)
+    if header is None:
+        header = (getattr(request, "headers", None) or {}).get(SLOT_HEADER)
+    if not isinstance(header, dict):
+        return None
+    entry, at_us = header.get("entry"), header.get("at_us")
+    if not isinstance(entry, str) or not isinstance(at_us, int) or isinstance(at_us, bool):
+        logger.warning("singlebeat: ignoring a malformed %s header: %r", SLOT_HEADER, header)
+        return None
+    return SlotInfo(entry, at_us)
