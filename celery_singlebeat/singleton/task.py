@@ -312,7 +312,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
 
 
-@worker_init.connect(weak=False)
 def _check_settings_at_start(sender: Any = None, **_: Any) -> None:
     """Fail a worker's start, naming the setting, when its app has SingletonTasks
     and the singlebeat settings are wrong (rather than failing every task)."""
@@ -320,6 +319,9 @@ def _check_settings_at_start(sender: Any = None, **_: Any) -> None:
     if app is None or not any(isinstance(t, SingletonTask) for t in app.tasks.values()):
         return
     runtime_for(app)
+
+
+worker_init.connect(_check_settings_at_start, weak=False)
 
 
 def _slot_of(request: Any) -> SlotInfo | None:
