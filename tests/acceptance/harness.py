@@ -174,6 +174,61 @@ class BeatGroup:
         self.procs.append(beat)
         return beat
 
+    def start_worker(
+        self,
+        env: dict[str, str],
+        name: str,
+        *,
+        app: str = "singletonapp",
+        pool: str = "prefork",
+        concurrency: int = 2,
+        extra: tuple[str, ...] = (),
+    ) -> BeatProcess:
+        """Start ``celery -A <app> worker`` (same env rules as :meth:`start_beat`);
+        it consumes ``SB_QUEUE``. Stopped with the beats at teardown."""
+        log_path = self.workdir / f"{name}.log"
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        command = [
+            str(CELERY),
+            "-A",
+            app,
+            "worker",
+            "-l",
+            "info",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "-Q",
+            full_env.get("SB_QUEUE", "celery"),
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
+        ]
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # its own process group: a test can SIGKILL the whole worker
+                # (parent and pool children) with os.killpg
+                start_new_session=True,
+            )
+        worker = BeatProcess(name, proc, log_path)
+        self.procs.append(worker)
+        return worker
+
     def stop_all(self) -> None:
         # SIGTERM everyone first, so the replicas shut down in parallel.
         for beat in self.procs:
@@ -646,6 +701,10 @@ class Rig:
 
     def start_beat(self, env: dict[str, str], name: str) -> BeatProcess:
         return self.group.start_beat(env, name)
+
+    def start_worker(self, env: dict[str, str], name: str, **options: Any) -> BeatProcess:
+        """A ``celery worker`` process (see :meth:`BeatGroup.start_worker`)."""
+        return self.group.start_worker(env, name, **options)
 
     def reader(self, broker_url: str) -> QueueReader:
         """A reader of a fresh queue (uuid name) on this broker."""

@@ -1,0 +1,132 @@
+"""The worker app of the SingletonTask acceptance tests, run as real
+``celery -A singletonapp worker`` processes. Configured through environment
+variables (one module serves every database, broker and pool):
+
+* ``SB_BROKER``, ``SB_URL``, ``SB_PREFIX``, ``SB_QUEUE``: as in ``beatapp``; the
+  worker consumes ``SB_QUEUE``
+* ``SB_TTL``: ``singleton_ttl`` of every task here (seconds)
+* ``SB_RECORD``: a file every execution appends JSON lines to (one ``start``
+  and one ``end`` line each, written with O_APPEND so concurrent processes do
+  not interleave): what ran, where, when (wall clock of this host), with which
+  fencing token and slot. Tests judge overlaps and counts from this file.
+
+Task ``beatapp.probe`` has the name the beat replicas of ``beatapp`` send by,
+so a worker of this app executes what those beats send while the beats never
+import this module (they only know a plain task of that name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+from celery_singlebeat import SingletonTask
+
+app = Celery("singletonapp", broker=os.environ.get("SB_BROKER", "memory://"))
+queue = os.environ.get("SB_QUEUE", "celery")
+TTL = float(os.environ.get("SB_TTL", "3"))
+RECORD = os.environ.get("SB_RECORD", "")
+
+app.conf.update(
+    singlebeat_url=os.environ.get("SB_URL"),
+    singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
+    broker_connection_retry_on_startup=True,
+    task_default_queue=queue,
+    task_default_exchange=queue,
+    task_default_routing_key=queue,
+    # one message at a time per process: a test sees what it sent, in order
+    worker_prefetch_multiplier=1,
+)
+
+
+def record(event: str, task: Any, **extra: Any) -> None:
+    """Append one JSON line to SB_RECORD (one write() call: atomic with O_APPEND)."""
+    if not RECORD:
+        return
+    request = task.request
+    singleton = None
+    with contextlib.suppress(RuntimeError):  # outside a lease: no singleton
+        singleton = task.singleton
+    line = {
+        "event": event,
+        "task": task.name,
+        "task_id": request.id,
+        "pid": os.getpid(),
+        "at": time.time(),
+        "token": singleton.token if singleton else None,
+        "key": singleton.key if singleton else None,
+        "slot": list(singleton.slot) if singleton and singleton.slot else None,
+        "retries": request.retries,
+        **extra,
+    }
+    data = (json.dumps(line) + "\n").encode()
+    fd = os.open(RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _body(task: Any, seconds: float, tag: str) -> str:
+    record("start", task, tag=tag)
+    time.sleep(seconds)
+    lost = task.singleton.lost
+    record("end", task, tag=tag, lost=lost)
+    return tag
+
+
+@app.task(bind=True, base=SingletonTask, singleton_ttl=TTL, name="singletonapp.hold")
+def hold(self: Any, seconds: float, tag: str = "") -> str:
+    """Holds the task-name key for ``seconds`` (busy policy: skip)."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_busy="retry",
+    singleton_retry_delay=0.5,
+    max_retries=100,
+    name="singletonapp.hold_retry",
+)
+def hold_retry(self: Any, seconds: float, tag: str = "") -> str:
+    """Like hold, but a call finding the key busy retries until it runs."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_busy="raise",
+    name="singletonapp.hold_raise",
+)
+def hold_raise(self: Any, seconds: float, tag: str = "") -> str:
+    """Like hold, but a call finding the key busy fails with SingletonBusy."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=lambda args, kwargs: f"account:{kwargs['account']}",
+    name="singletonapp.per_account",
+)
+def per_account(self: Any, seconds: float, account: str) -> str:
+    """One execution at a time per account (a key function)."""
+    return _body(self, seconds, account)
+
+
+@app.task(bind=True, base=SingletonTask, singleton_ttl=TTL, name="beatapp.probe")
+def probe(self: Any, i: int) -> int:
+    """What the beatapp replicas send every slot (they do not import this module)."""
+    record("start", self, tag=str(i))
+    record("end", self, tag=str(i), lost=self.singleton.lost)
+    return i
