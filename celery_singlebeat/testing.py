@@ -487,7 +487,7 @@ class MemoryStore(Store):
                 k
                 for k, r in self._runs.items()
                 if (r.state == 1 and (r.finished_us or 0) < cutoff)
-                or (r.state == 0 and r.expires_us < cutoff)
+                or (r.state == 0 and r.expires_us < now and r.started_us < cutoff)
             ]
             locks = [
                 name

@@ -315,8 +315,8 @@ class Store(ABC):
 
     @abstractmethod
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
-        """Delete finished (or long expired) run rows and idle lease rows older
-        than ``retention_us``; return how many rows went.
+        """Delete run rows finished, or started and expired, more than
+        ``retention_us`` ago, and idle lease rows; return how many rows went.
 
         At most one caller per ``every_us`` across all processes (``None`` when
         it is not this caller's turn). A lease row is idle when it is free and

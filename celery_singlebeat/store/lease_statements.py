@@ -122,7 +122,7 @@ POSTGRESQL = LeaseDialect(
     prune_runs="""
         DELETE FROM {r}
         WHERE (state = 1 AND finished_us < {now} - :retention_us)
-           OR (state = 0 AND expires_us < {now} - :retention_us)""",
+           OR (state = 0 AND expires_us < {now} AND started_us < {now} - :retention_us)""",
     prune_locks="""
         DELETE FROM {l} WHERE expires_us < {now} AND acquired_us < {now} - :retention_us""",
     prune_turn="""
