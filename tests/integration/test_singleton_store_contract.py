@@ -238,6 +238,59 @@ def test_prune_deletes_finished_runs_and_spares_live_ones(backend: Backend) -> N
 # -- runs ---------------------------------------------------------------------------
 
 
+def test_begin_run_starts_once_then_counts_repeats_and_reports_the_outcome(
+    backend: Backend,  # noqa: F811
+) -> None:
+    store = backend.ready()
+    first = Run("report", 1_000, "run-1")
+    assert store.begin_run(first, "w1", "task-1", LONG_LEASE) == RunBegin(
+        RunStatus.STARTED, "w1", None
+    )
+    [row] = run_rows(backend).values()
+    assert (row["run_id"], row["state"], row["owner"], row["task_id"]) == (
+        "run-1",
+        0,
+        "w1",
+        "task-1",
+    )
+    assert (row["attempts"], row["repeats"]) == (1, 0)
+    assert row["expires_us"] == row["started_us"] + LONG_LEASE
+
+    other = backend.open()
+    before = other.ping()
+    assert other.begin_run(Run("report", 1_000, "run-2"), "w2", "task-1", LONG_LEASE) == (
+        RunBegin(RunStatus.RUNNING, "w1", None)
+    )
+    after = other.ping()
+    row = run_rows(backend)[("report", 1_000)]
+    assert (row["run_id"], row["owner"], row["attempts"], row["repeats"]) == ("run-1", "w1", 1, 1)
+    assert row.get("last_repeat_us") is not None
+    assert before <= row["last_repeat_us"] <= after
+
+    assert store.finish_run(first, "success") is True
+    assert other.begin_run(Run("report", 1_000, "run-3"), "w2", "task-1", LONG_LEASE) == (
+        RunBegin(RunStatus.FINISHED, "w1", "success")
+    )
+    row = run_rows(backend)[("report", 1_000)]
+    assert (row["state"], row["outcome"], row["repeats"], row["attempts"]) == (
+        1,
+        "success",
+        2,
+        1,
+    )
+    # a finished run is never started, renewed, finished or abandoned again
+    assert store.finish_run(first, "failure") is False
+    assert store.renew_run(first, LONG_LEASE) is False
+    assert store.abandon_run(first) is False
+    assert other.begin_run(Run("report", 1_000, "run-4"), "w3", "t", LONG_LEASE).outcome == (
+        "success"
+    )
+    # another slot of the same entry is independent
+    assert other.begin_run(Run("report", 2_000, "run-5"), "w2", "t", LONG_LEASE).status is (
+        RunStatus.STARTED
+    )
+
+
 def test_a_lapsed_running_row_is_retaken_and_its_first_start_is_dead(
     backend: Backend,  # noqa: F811
 ) -> None:
