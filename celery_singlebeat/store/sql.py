@@ -208,15 +208,15 @@ class SqlStore(Store):
                         "create them with `celery -A proj singlebeat create-schema` "
                         "(or celery_singlebeat.create_schema(app)) using a privileged user"
                     )
+                # the tables added since (locks, runs), with their indexes
                 self.tables.metadata.create_all(conn, checkfirst=True)
-            elif create:
+            if create:
                 # Tables made by an older release lack the indexes added since
                 # (ix_<prefix>slots_slot); create_all skips existing tables.
-                # (Tables added since, e.g. the locks and runs of SingletonTask,
-                # are created by the branch above.)
                 for table in self.tables.metadata.sorted_tables:
-                    for index in table.indexes:
-                        index.create(conn, checkfirst=True)
+                    if table.name in names:
+                        for index in table.indexes:
+                            index.create(conn, checkfirst=True)
             conn.execute(
                 text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
             )

@@ -452,3 +452,25 @@ def test_prepare_without_create_names_the_tables_the_previous_release_lacked(
         backend.open().prepare(create=False)
     assert "singlebeat_create_schema" in str(raised.value)
     assert f"{p}slots" not in str(raised.value)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "mysql"], indirect=True)
+def test_prepare_upgrades_a_schema_made_by_the_previous_release(
+    backend: Backend,  # noqa: F811
+) -> None:
+    make_previous_release_schema(backend)
+    old = backend.open()
+    anchor = old.register(["e"])["e"].anchor_us  # the old tables work as they are
+
+    backend.open().prepare(create=True)
+    tables, indexes = schema_of(backend)
+    p = backend.prefix
+    assert tables == {f"{p}{name}" for name in ("meta", "entries", "slots", "locks", "runs")}
+    assert f"ix_{p}slots_slot" in indexes  # promised at the next start (CHANGELOG)
+
+    store = backend.open()
+    store.prepare(create=False)
+    assert store.register(["e"])["e"].anchor_us == anchor
+    assert isinstance(store.acquire_lease("k", "w1", LONG_LEASE), Lease)
+    assert store.begin_run(Run("e", 10, "r"), "w1", "t", LONG_LEASE).status is RunStatus.STARTED
+    assert store.prune_singletons(LONG_LEASE, LONG_LEASE) == 0  # its turn row was added
