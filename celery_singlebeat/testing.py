@@ -494,7 +494,7 @@ class MemoryStore(Store):
             locks = [
                 name
                 for name, lock in self._locks.items()
-                if lock.expires_us < now and lock.acquired_us < cutoff
+                if lock.expires_us < now and lock.acquired_us < cutoff and lock.token < cutoff
             ]
             for k in runs:
                 del self._runs[k]

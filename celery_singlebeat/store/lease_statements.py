@@ -123,8 +123,13 @@ POSTGRESQL = LeaseDialect(
         DELETE FROM {r}
         WHERE (state = 1 AND finished_us < {now} - :retention_us)
            OR (state = 0 AND expires_us < {now} - :retention_us)""",
+    # the token, not only acquired_us: hand-overs within one microsecond (or a
+    # clock stepped back) leave it ahead of the clock, and a row must not go
+    # until the next acquisition's now is sure to exceed it
     prune_locks="""
-        DELETE FROM {l} WHERE expires_us < {now} AND acquired_us < {now} - :retention_us""",
+        DELETE FROM {l}
+        WHERE expires_us < {now} AND acquired_us < {now} - :retention_us
+          AND token < {now} - :retention_us""",
     prune_turn="""
         UPDATE {m} SET value_us = {now} + :every_us
         WHERE key = 'prune_singletons' AND value_us <= {now}""",

@@ -216,6 +216,45 @@ def test_tokens_keep_growing_after_the_idle_lock_row_was_pruned(
     assert store.acquire_lease("held", "w2", LONG_LEASE) == Busy("w1", live.expires_us)
 
 
+def push_token_ahead(backend: Backend, key: str, by_us: int) -> int:  # noqa: F811
+    """Raise a lock row's token past its ``acquired_us``; return the new token.
+
+    What hand-overs of a key within one microsecond leave (each adds one to the
+    token), or a database clock that stepped back: ``max(token + 1, now)``
+    keeps the token ahead of the clock.
+    """
+    if backend.memory is not None:
+        lock = backend.memory._locks[key]
+        lock.token += by_us
+        return lock.token
+    assert backend.url is not None
+    locks = Tables(backend.prefix).locks
+    engine = create_engine(make_url(backend.url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                locks.update().where(locks.c.name == key).values(token=locks.c.token + by_us)
+            )
+            return int(conn.execute(locks.select().where(locks.c.name == key)).one().token)
+    finally:
+        engine.dispose()
+
+
+def test_a_pruned_token_ahead_of_the_clock_is_still_exceeded_by_the_next(
+    backend: Backend,  # noqa: F811
+) -> None:
+    store = backend.ready()
+    lease = store.acquire_lease("k", "w1", LONG_LEASE)
+    assert isinstance(lease, Lease)
+    assert store.release_lease(lease)
+    token = push_token_ahead(backend, "k", 5 * US)
+    wait_db_past(store, lease.token + 1)
+    assert store.prune_singletons(1, 1) is not None  # its turn: the row was up for pruning
+    nxt = store.acquire_lease("k", "w2", LONG_LEASE)
+    assert isinstance(nxt, Lease)
+    assert nxt.token > token
+
+
 def test_prune_deletes_finished_runs_and_spares_live_ones(backend: Backend) -> None:  # noqa: F811
     store = backend.ready()
     done, live = Run("e", 10, "run-done"), Run("e", 20, "run-live")
