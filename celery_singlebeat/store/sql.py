@@ -399,8 +399,11 @@ class SqlStore(Store):
                 rows = self._fetch(conn, sql.acquire, **params)
                 if rows and rows[0][1] is not None:
                     return Lease(key, int(rows[0][1]), int(rows[0][2]))
-                if rows:  # PostgreSQL: the holder comes with the answer
-                    return Busy(str(rows[0][3] or "?"), int(rows[0][4] or 0))
+                # PostgreSQL: the holder comes with the answer, as the statement's
+                # snapshot saw the row; a row missing or free there was taken by
+                # a concurrent acquirer that committed meanwhile
+                if rows and rows[0][3] is not None and int(rows[0][4]) >= int(rows[0][0]):
+                    return Busy(str(rows[0][3]), int(rows[0][4]))
                 # SQLite returns nothing when the key is busy: read the holder
                 row = self._fetch(conn, sql.lease_row, key=key)[0]
                 return Busy(str(row[3] or "?"), int(row[2] or 0))

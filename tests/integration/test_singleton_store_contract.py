@@ -119,6 +119,45 @@ def test_acquire_on_a_free_key_leases_it_on_the_database_clock_and_then_it_is_bu
     assert isinstance(other.acquire_lease("other-key", "w2", LONG_LEASE), Lease)
 
 
+def race_for(key: str, replicas: list[Store], ttl_us: int) -> tuple[str, Lease, list[Busy]]:
+    """Every replica acquires ``key`` at once: the one winner's owner and lease, the others."""
+
+    def acquirer(i: int, store: Store) -> Callable[[], Lease | Busy]:
+        return lambda: store.acquire_lease(key, f"worker-{i}", ttl_us)
+
+    answers = run_together([acquirer(i, s) for i, s in enumerate(replicas)])
+    assert len(answers) == len(replicas)
+    won = [(i, a) for i, a in enumerate(answers) if isinstance(a, Lease)]
+    assert len(won) == 1
+    busy = [a for a in answers if isinstance(a, Busy)]
+    assert len(busy) == len(replicas) - 1
+    return f"worker-{won[0][0]}", won[0][1], busy
+
+
+def test_concurrent_acquirers_of_a_free_key_one_wins_the_others_see_it(
+    backend: Backend,  # noqa: F811
+) -> None:
+    backend.ready()
+    replicas = stores(backend, 8)
+    # a key with no row yet (a lease long enough to outlast the slowest racer)
+    owner, lease, busy = race_for("nightly", replicas, US)
+    assert replicas[0].lease_holds("nightly", lease.token)
+    # the losers are told who holds the key (for their logs and errors)
+    assert set(busy) == {Busy(owner, lease.expires_us)}
+
+    # a key whose lease ran out: the old holder is not reported as holding it
+    wait_db_past(replicas[0], lease.expires_us)
+    owner, lease2, busy = race_for("nightly", replicas, LONG_LEASE)
+    assert lease2.token > lease.token
+    assert set(busy) == {Busy(owner, lease2.expires_us)}
+
+    # a released key
+    assert replicas[0].release_lease(lease2)
+    owner, lease3, busy = race_for("nightly", replicas, LONG_LEASE)
+    assert lease3.token > lease2.token
+    assert set(busy) == {Busy(owner, lease3.expires_us)}
+
+
 # -- expiry, release, renew ------------------------------------------------------
 
 
