@@ -156,6 +156,7 @@ class _RunRow:
     started_us: int
     attempts: int = 1
     repeats: int = 0
+    last_repeat_us: int | None = None
     finished_us: int | None = None
     outcome: str | None = None
 
@@ -443,6 +444,7 @@ class MemoryStore(Store):
                 row.attempts += 1
                 return RunBegin(RunStatus.STARTED, owner, None)
             row.repeats += 1
+            row.last_repeat_us = now
             status = RunStatus.FINISHED if row.state == 1 else RunStatus.RUNNING
             return RunBegin(status, row.owner, row.outcome)
 
@@ -492,7 +494,7 @@ class MemoryStore(Store):
             locks = [
                 name
                 for name, lock in self._locks.items()
-                if lock.expires_us < now and lock.acquired_us < cutoff
+                if lock.expires_us < now and lock.acquired_us < cutoff and lock.token < cutoff
             ]
             for k in runs:
                 del self._runs[k]

@@ -320,8 +320,11 @@ class Store(ABC):
 
         At most one caller per ``every_us`` across all processes (``None`` when
         it is not this caller's turn). A lease row is idle when it is free and
-        was acquired more than ``retention_us`` ago; the token rule of
-        :meth:`acquire_lease` keeps tokens growing after such a row is gone.
+        was acquired more than ``retention_us`` ago, and its token is also more
+        than ``retention_us`` behind now (hand-overs within one microsecond, or
+        a clock stepped back, leave a token ahead of the clock); the token rule
+        of :meth:`acquire_lease` then keeps tokens growing after such a row is
+        gone.
         """
 
     @abstractmethod

@@ -7,8 +7,9 @@ microseconds, read once per statement so that every comparison in a statement
 uses one instant.
 
 PostgreSQL answers every operation in one statement (data-modifying CTEs
-with RETURNING); SQLite in one, plus a read when an acquisition finds the key
-busy; MySQL/MariaDB, which lack RETURNING, write then read the row back.
+with RETURNING), plus a read of the holder when an acquisition lost the key
+to a concurrent one; SQLite in one, plus a read when an acquisition finds the
+key busy; MySQL/MariaDB, which lack RETURNING, write then read the row back.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class LeaseDialect:
     #: True: acquire/renew/begin_run return rows directly (RETURNING).
     returning: bool
     acquire: str
-    #: reads a key's row (MySQL: after acquire; SQLite: who holds a busy key).
+    #: reads a key's row (MySQL: after acquire; others: who holds a busy key
+    #: when the acquire's answer could not tell).
     lease_row: str
     renew: str
     release: str
@@ -70,7 +72,11 @@ POSTGRESQL = LeaseDialect(
         )
         SELECT n.us, got.token, got.expires_us, cur.owner, cur.expires_us
         FROM n LEFT JOIN got ON true LEFT JOIN {l} cur ON cur.name = :key""",
-    lease_row="",
+    # cur above is the row as the statement's snapshot saw it: when a concurrent
+    # acquirer won meanwhile, it is missing or free, and the holder is read here
+    lease_row="""
+        SELECT {now}, l.token, l.expires_us, l.owner, l.grant_id
+        FROM (SELECT 1 AS one) d LEFT JOIN {l} l ON l.name = :key""",
     renew="""
         WITH n AS MATERIALIZED (SELECT {now} AS us),
         r AS (
@@ -123,8 +129,13 @@ POSTGRESQL = LeaseDialect(
         DELETE FROM {r}
         WHERE (state = 1 AND finished_us < {now} - :retention_us)
            OR (state = 0 AND expires_us < {now} AND started_us < {now} - :retention_us)""",
+    # the token, not only acquired_us: hand-overs within one microsecond (or a
+    # clock stepped back) leave it ahead of the clock, and a row must not go
+    # until the next acquisition's now is sure to exceed it
     prune_locks="""
-        DELETE FROM {l} WHERE expires_us < {now} AND acquired_us < {now} - :retention_us""",
+        DELETE FROM {l}
+        WHERE expires_us < {now} AND acquired_us < {now} - :retention_us
+          AND token < {now} - :retention_us""",
     prune_turn="""
         UPDATE {m} SET value_us = {now} + :every_us
         WHERE key = 'prune_singletons' AND value_us <= {now}""",
@@ -145,9 +156,7 @@ MYSQL = LeaseDialect(
             owner = IF(grant_id = VALUES(grant_id), VALUES(owner), owner),
             expires_us = IF(grant_id = VALUES(grant_id), VALUES(expires_us), expires_us),
             acquired_us = IF(grant_id = VALUES(grant_id), VALUES(acquired_us), acquired_us)""",
-    lease_row="""
-        SELECT {now}, l.token, l.expires_us, l.owner, l.grant_id
-        FROM (SELECT 1 AS one) d LEFT JOIN {l} l ON l.name = :key""",
+    lease_row=POSTGRESQL.lease_row,
     renew="""
         UPDATE {l} SET expires_us = {now} + :ttl_us
         WHERE name = :key AND token = :token AND expires_us > 0""",

@@ -208,15 +208,15 @@ class SqlStore(Store):
                         "create them with `celery -A proj singlebeat create-schema` "
                         "(or celery_singlebeat.create_schema(app)) using a privileged user"
                     )
+                # the tables added since (locks, runs), with their indexes
                 self.tables.metadata.create_all(conn, checkfirst=True)
-            elif create:
+            if create:
                 # Tables made by an older release lack the indexes added since
                 # (ix_<prefix>slots_slot); create_all skips existing tables.
-                # (Tables added since, e.g. the locks and runs of SingletonTask,
-                # are created by the branch above.)
                 for table in self.tables.metadata.sorted_tables:
-                    for index in table.indexes:
-                        index.create(conn, checkfirst=True)
+                    if table.name in names:
+                        for index in table.indexes:
+                            index.create(conn, checkfirst=True)
             conn.execute(
                 text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
             )
@@ -399,8 +399,11 @@ class SqlStore(Store):
                 rows = self._fetch(conn, sql.acquire, **params)
                 if rows and rows[0][1] is not None:
                     return Lease(key, int(rows[0][1]), int(rows[0][2]))
-                if rows:  # PostgreSQL: the holder comes with the answer
-                    return Busy(str(rows[0][3] or "?"), int(rows[0][4] or 0))
+                # PostgreSQL: the holder comes with the answer, as the statement's
+                # snapshot saw the row; a row missing or free there was taken by
+                # a concurrent acquirer that committed meanwhile
+                if rows and rows[0][3] is not None and int(rows[0][4]) >= int(rows[0][0]):
+                    return Busy(str(rows[0][3]), int(rows[0][4]))
                 # SQLite returns nothing when the key is busy: read the holder
                 row = self._fetch(conn, sql.lease_row, key=key)[0]
                 return Busy(str(row[3] or "?"), int(row[2] or 0))
