@@ -67,7 +67,9 @@ def sender(redis_url: str) -> Iterator[Sender]:
         sender.close()
 
 
-def _env(sender: Sender, db_url: str, prefix: str, record: Path, queue: str, **extra: str) -> dict:
+def _env(
+    sender: Sender, db_url: str, prefix: str, record: Path, queue: str, **extra: str
+) -> dict[str, str]:
     return group_env(
         broker=sender.broker_url,
         db_url=db_url,
@@ -78,7 +80,9 @@ def _env(sender: Sender, db_url: str, prefix: str, record: Path, queue: str, **e
     )
 
 
-def _start_workers(rig: Rig, envs: dict[str, dict[str, str]], **options: object) -> list:
+def _start_workers(
+    rig: Rig, envs: dict[str, dict[str, str]], **options: object
+) -> list[BeatProcess]:
     """Start one worker per (name, env) and wait until every one consumes."""
     workers = [rig.start_worker(env, name, **options) for name, env in envs.items()]
     wait_for(
@@ -91,25 +95,40 @@ def _logs(workers: list[BeatProcess]) -> str:
     return "\n".join(f"===== {w.name}\n{w.log()[-5000:]}" for w in workers)
 
 
+def _dead(workers: list[BeatProcess]) -> list[str]:
+    return [w.name for w in workers if not w.alive()]
+
+
 def _done(workers: list[BeatProcess], task_id: str, times: int = 1) -> bool:
     return log_ids(workers, DONE_LINE).count(task_id) >= times
 
 
-def _wait_done(workers: list[BeatProcess], task_id: str, timeout: float = 20) -> None:
+def _wait_done(
+    workers: list[BeatProcess], task_id: str, timeout: float = 20, times: int = 1
+) -> None:
     wait_for(
-        lambda: _done(workers, task_id) or _dead(workers),
+        lambda: _done(workers, task_id, times) or _dead(workers),
         timeout,
         f"task {task_id} to finish",
     )
     assert not _dead(workers), _logs(workers)
 
 
-def _dead(workers: list[BeatProcess]) -> list[str]:
-    return [w.name for w in workers if not w.alive()]
-
-
 def _executions(record: Path, task: str = HOLD) -> list[Execution]:
     return [e for e in read_executions(record) if e.task == task]
+
+
+def _send_slot(
+    sender: Sender, queue: str, entry: str, slot_us: int, name: str, *args: object
+) -> str:
+    """Publish a task as a scheduler would for this slot: its header and task id."""
+    return sender.send(
+        queue,
+        name,
+        *args,
+        task_id=slot_task_id(entry, slot_us),
+        headers={"singlebeat_slot": slot_header(entry, slot_us)},
+    )
 
 
 # -- 1. one execution at a time, every database ------------------------------------
@@ -186,7 +205,9 @@ def test_sigkilled_holder_blocks_the_key_until_its_ttl(
         },
         concurrency=1,
     )
-    sender.send(qa, HOLD, 60, "victim")
+    # The victim runs a scheduler slot, so its run row is left running too.
+    slot = ("nightly", db.now_us() // US * US)
+    slot_id = _send_slot(sender, qa, *slot, HOLD, 60, "victim")
     first = wait_for(lambda: _executions(record), 20, "the long run to start")[0]
     # Killed mid-run: the heartbeat has renewed the lease at least once.
     wait_for(lambda: time.time() > first.start + ttl / 2, ttl, "half a TTL")
@@ -197,6 +218,12 @@ def test_sigkilled_holder_blocks_the_key_until_its_ttl(
     # A renewal in flight at the kill can only move the end later: a lower bound.
     assert lock is not None and lock.token == first.token, lock
     expires = lock.expires_us / US
+    # A copy of the slot (a broker redelivery) while the dead run's row is live: dropped.
+    _send_slot(sender, qb, *slot, HOLD, 0.1, "copy")
+    _wait_done([b], slot_id)
+    assert [(m["id"], m["status"]) for m in DROPPED_LINE.finditer(b.log())] == [
+        (slot_id, "running")
+    ], _logs([b])
 
     attempts: list[tuple[float, float, str]] = []  # (sent, done, task id)
     second = None
@@ -220,11 +247,23 @@ def test_sigkilled_holder_blocks_the_key_until_its_ttl(
     assert first.end is None, "the victim finished?"
     assert second.start >= first.start + ttl, detail
     assert second.start >= expires, detail
-    # ...and no longer than the lease's end plus one attempt's round.
+    # ...and no longer than the lease's end plus one attempt's round; the lease
+    # itself ended within a TTL of the kill (the last renewal came before it).
+    assert expires < killed_at + ttl + 0.1, detail
     assert second.start < expires + 2.0, detail
     assert second.token is not None and first.token is not None
     assert second.token > first.token
     assert second.end is not None and second.lost is False, detail
+
+    # Once the dead run's row has expired, a copy of its slot starts it again
+    # (the second attempt of the slot; the first never finished).
+    _send_slot(sender, qb, *slot, HOLD, 0.1, "retake")
+    _wait_done([b], slot_id, times=2)
+    retake = [e for e in _executions(record) if e.slot == slot and e.pid != first.pid]
+    row = run_rows(db).get(slot)
+    assert len(retake) == 1 and retake[0].tag == "retake", f"{retake}\n{_logs([b])}"
+    assert row is not None and row.state == 1 and row.outcome == "success", row
+    assert row.attempts == 2 and row.repeats == 1, row
     print(
         f"killed {killed_at - first.start:.2f}s into the run; next run "
         f"{second.start - expires:+.2f}s after the lease's end, "
@@ -257,7 +296,7 @@ def test_run_three_times_its_ttl_keeps_the_lease(
     first = wait_for(lambda: _executions(record), 20, "the long run to start")[0]
 
     attempts: list[tuple[float, float, str]] = []
-    renewed = None
+    renewed, now_us = None, 0
     while not _done([a], long_id):
         assert time.time() < first.start + length + 20, _logs([a, b])
         if renewed is None and time.time() > first.start + 2 * ttl:
@@ -292,17 +331,6 @@ def test_run_three_times_its_ttl_keeps_the_lease(
 
 
 # -- 4. the same slot delivered twice -------------------------------------------------
-
-
-def _send_slot(sender: Sender, queue: str, entry: str, slot_us: int, name: str, *args) -> str:
-    """Publish a task as a scheduler would for this slot: its header and task id."""
-    return sender.send(
-        queue,
-        name,
-        *args,
-        task_id=slot_task_id(entry, slot_us),
-        headers={"singlebeat_slot": slot_header(entry, slot_us)},
-    )
 
 
 @pytest.mark.slow
@@ -439,12 +467,18 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
     for beat in beats:
         beat.stop()
     sent = {slot for slot, row in db.rows().items() if row.state == 1}
-    wait_for(
-        lambda: sent <= {e.slot for e in _executions(record, PROBE)} and _done([worker], dup_id, 2),
-        30,
-        "the worker to execute every sent slot",
-        0.2,
-    )
+    try:
+        wait_for(
+            lambda: (
+                sent <= {e.slot for e in _executions(record, PROBE)} and _done([worker], dup_id, 2)
+            ),
+            30,
+            "the worker to execute every sent slot",
+            0.2,
+        )
+    except AssertionError as exc:
+        missing = sorted(sent - {e.slot for e in _executions(record, PROBE)})
+        raise AssertionError(f"{exc}: never executed {missing}\n{rig.group.outputs()}") from None
 
     executions = _executions(record, PROBE)
     copies = Counter(e.slot for e in executions)
@@ -456,6 +490,7 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
     assert set(copies) <= set(db.rows()), "executed a slot no replica claimed"
     assert all(e.end is not None and e.lost is False for e in executions), detail
     for slot in copies:
+        assert slot is not None, "a beat-sent probe ran without its slot"
         row = runs[slot]
         assert row.state == 1 and row.outcome == "success" and row.attempts == 1, row
     assert runs[(entry, slot_us)].repeats >= 1, runs[(entry, slot_us)]
