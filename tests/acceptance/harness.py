@@ -733,3 +733,175 @@ class Rig:
                     reader.close()
             for db in self.dbs:
                 db.drop()
+
+
+# -- SingletonTask workers: sending, records, logs and rows ---------------------
+
+#: a finished task as the worker logs it (skips, executions and drops alike)
+DONE_LINE = re.compile(r"Task (?P<name>\S+)\[(?P<id>[0-9a-f-]{36})\] (?P<how>succeeded|ignored)")
+#: a call that found its singleton key busy (policy skip)
+SKIPPED_LINE = re.compile(
+    r"singlebeat: (?P<name>\S+)\[(?P<id>[0-9a-f-]{36})\]: singleton key .*: skipped"
+)
+#: a repeated delivery of a slot, dropped
+DROPPED_LINE = re.compile(
+    r"singlebeat: (?P<name>\S+)\[(?P<id>[0-9a-f-]{36})\]: slot \S+ already (?P<status>\w+) "
+    r"\(by \S+\): dropping this repeated delivery"
+)
+
+
+def worker_ready(worker: BeatProcess) -> bool:
+    """True once ``celery worker`` logged that it consumes (`` ready.``)."""
+    assert worker.alive(), f"worker {worker.name} exited:\n{worker.log()[-4000:]}"
+    return " ready." in worker.log()
+
+
+def log_ids(workers: Iterable[BeatProcess], pattern: re.Pattern[str]) -> list[str]:
+    """Task ids of every line matching ``pattern`` in these workers' logs."""
+    return [m["id"] for w in workers for m in pattern.finditer(w.log())]
+
+
+class Execution(NamedTuple):
+    """One execution of a task body, from its start and end lines in SB_RECORD."""
+
+    task: str
+    task_id: str
+    pid: int
+    token: int | None
+    slot: tuple[str, int] | None
+    start: float
+    #: None while it runs (or when its process died)
+    end: float | None
+    lost: bool | None
+    tag: str
+
+
+def read_executions(path: Path) -> list[Execution]:
+    """Every execution SB_RECORD holds, in start order."""
+    if not path.exists():
+        return []
+    starts: dict[tuple[str, int, object], dict[str, Any]] = {}
+    ends: dict[tuple[str, int, object], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        item = json.loads(line)
+        if item["event"] not in ("start", "end"):
+            continue
+        key = (item["task_id"], item["pid"], item["token"])
+        (starts if item["event"] == "start" else ends)[key] = item
+    out = []
+    for key, s in starts.items():
+        e = ends.get(key)
+        out.append(
+            Execution(
+                s["task"],
+                s["task_id"],
+                s["pid"],
+                s["token"],
+                (s["slot"][0], int(s["slot"][1])) if s["slot"] else None,
+                s["at"],
+                e["at"] if e else None,
+                e.get("lost") if e else None,
+                s.get("tag", ""),
+            )
+        )
+    return sorted(out, key=lambda x: x.start)
+
+
+def overlaps(executions: list[Execution]) -> list[str]:
+    """Pairs of executions (start order) that overlapped or whose tokens did not grow."""
+    problems = []
+    for a, b in zip(executions, executions[1:]):
+        if a.end is None or a.end > b.start:
+            problems.append(f"overlap: {a} and {b}")
+        if a.token is None or b.token is None or not a.token < b.token:
+            problems.append(f"token did not grow: {a.token} then {b.token}")
+    return problems
+
+
+class Sender:
+    """Publishes tasks by name to fresh queues of one Redis broker, as any
+    producer would (no task class); :meth:`close` deletes the queues."""
+
+    def __init__(self, broker_url: str) -> None:
+        from celery import Celery
+
+        self.broker_url = broker_url
+        self.app = Celery("sender", broker=broker_url)
+        self.app.conf.broker_connection_retry_on_startup = True
+        self.queues: list[str] = []
+
+    def queue(self) -> str:
+        name = f"sbq-{uuid.uuid4().hex}"
+        self.queues.append(name)
+        return name
+
+    def send(self, queue: str, name: str, *args: Any, **options: Any) -> str:
+        """Send ``name(*args)`` to ``queue``; returns the task id."""
+        result = self.app.send_task(
+            name, args=args, queue=queue, exchange=queue, routing_key=queue, **options
+        )
+        return str(result.id)
+
+    def close(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.broker_url)
+        try:
+            for q in self.queues:
+                keys = [q] + [f"{q}\x06\x16{step}" for step in (3, 6, 9)]
+                client.delete(*keys, f"_kombu.binding.{q}", f"_kombu.binding_permanent.{q}")
+        finally:
+            client.close()
+            self.app.close()
+
+
+class RunRow(NamedTuple):
+    entry: str
+    slot_us: int
+    state: int
+    owner: str
+    task_id: str
+    outcome: str | None
+    attempts: int
+    repeats: int
+
+
+class LockRow(NamedTuple):
+    name: str
+    token: int
+    owner: str
+    expires_us: int
+    acquired_us: int
+
+
+def run_rows(db: Db) -> dict[tuple[str, int], RunRow]:
+    """The SingletonTask run rows of one test's tables, by slot."""
+    r = db.tables.runs
+    columns = (r.c.entry, r.c.slot_us, r.c.state, r.c.owner, r.c.task_id, r.c.outcome)
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.select(*columns, r.c.attempts, r.c.repeats)).all()
+    return {
+        (row[0], int(row[1])): RunRow(
+            row[0], int(row[1]), int(row[2]), row[3], row[4], row[5], int(row[6]), int(row[7])
+        )
+        for row in rows
+    }
+
+
+def lock_row(db: Db, key: str) -> LockRow | None:
+    """The lease row of one singleton key (None before its first acquisition)."""
+    lk = db.tables.locks
+    columns = (lk.c.name, lk.c.token, lk.c.owner, lk.c.expires_us, lk.c.acquired_us)
+    with db.engine.connect() as conn:
+        row = conn.execute(sa.select(*columns).where(lk.c.name == key)).first()
+    if row is None:
+        return None
+    return LockRow(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))
+
+
+def imported_from(path: Path) -> list[str]:
+    """The celery_singlebeat files the ``singletonapp.where`` calls recorded."""
+    if not path.exists():
+        return []
+    items = (json.loads(line) for line in path.read_text().splitlines())
+    return [item["file"] for item in items if item["event"] == "where"]

@@ -130,3 +130,20 @@ def probe(self: Any, i: int) -> int:
     record("start", self, tag=str(i))
     record("end", self, tag=str(i), lost=self.singleton.lost)
     return i
+
+
+@app.task(bind=True, name="singletonapp.where")
+def where(self: Any) -> str:
+    """Records (event ``where``) which copy of celery_singlebeat this worker imported,
+    so a test can check the workers run the checkout under test."""
+    import celery_singlebeat
+
+    path = str(celery_singlebeat.__file__)
+    if RECORD:
+        line = {"event": "where", "task_id": self.request.id, "pid": os.getpid(), "file": path}
+        fd = os.open(RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    return path
