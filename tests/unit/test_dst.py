@@ -25,7 +25,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -37,7 +37,7 @@ from kombu.simple import SimpleQueue
 
 from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
-from celery_singlebeat.slots import SLOT_HEADER
+from celery_singlebeat.slots import SLOT_HEADER, sequence_for
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
 
 TASK = "sbdst.probe"
@@ -603,3 +603,48 @@ def test_a_crontab_runs_in_the_apps_zone_whatever_zone_its_nowfun_returns(
         ("nowfun", datetime(2026, 6, 1, 17, tzinfo=UTC)),
         ("tz", datetime(2026, 6, 1, 21, tzinfo=UTC)),  # 17:00 EDT
     ]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.id)
+def test_a_pytz_zone_gives_the_same_runs(fleet_for: Callable[..., Fleet], change: Change) -> None:
+    # Celery 5.2's app.timezone is a pytz zone (and a crontab's tz may be set to
+    # one). Attached to a wall time with datetime.replace, a pytz zone gives its
+    # first historical offset (Berlin: LMT +00:53), not the offset in force.
+    pytz = pytest.importorskip("pytz")
+    schedules, conf = crontabs("crontab", change.zone)
+    for schedule in schedules.values():
+        schedule.tz = pytz.timezone(change.zone)
+    start, end_us = window(change, timedelta(hours=3), timedelta(hours=3))
+    fleet = fleet_for(schedules, start, **conf)
+    for _ in range(2):
+        fleet.add()
+    run_fixed_steps(fleet, end_us, lambda: 37.0, seed=10)
+    expected = expected_slots(schedules, change.tz, datetime_to_us(start), end_us)
+    assert_sent_exactly(fleet.drain(), expected)
+
+
+class PytzLike(tzinfo):
+    """Stands in for a pytz zone where pytz is not installed: a ``zone`` name, a
+    ``localize`` method, and the zone's first historical offset (LMT) for any
+    wall time it is attached to with ``replace``, as pytz gives."""
+
+    zone = "Europe/Berlin"
+
+    def localize(self, dt: datetime, is_dst: bool | None = False) -> datetime:
+        raise NotImplementedError
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return timedelta(minutes=53, seconds=28)
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "LMT"
+
+
+def test_a_pytz_like_zone_is_read_as_the_zoneinfo_zone_of_its_name() -> None:
+    schedule = crontab(minute=30, hour=2)
+    sequence = sequence_for(schedule, 0, PytzLike())
+    after = datetime_to_us(datetime(2026, 3, 29, tzinfo=UTC))
+    assert sequence.next_after(after) == utc_us(2026, 3, 29, 1, 30)  # 03:30 CEST
