@@ -215,6 +215,16 @@ def test_the_expected_instants_follow_the_documented_rules(change: Change) -> No
     else:
         assert (len(hourly), len(quarter)) == (23, 23 * 4)
         assert len(fives) == 36  # each of 01:xx, 02:xx, 03:xx once
+    # the longest wait between two runs, as docs/algorithm.md states it: none
+    # longer than usual in spring; in autumn the repeated hour is added to it
+    extra = timedelta(0) if change.spring else timedelta(hours=1)
+    assert longest_wait(hourly) == timedelta(hours=1) + extra
+    assert longest_wait(quarter) == timedelta(minutes=15) + extra
+
+
+def longest_wait(runs: set[int]) -> timedelta:
+    ordered = sorted(runs)
+    return timedelta(microseconds=max(b - a for a, b in zip(ordered, ordered[1:])))
 
 
 # -- the harness ----------------------------------------------------------------
