@@ -30,8 +30,10 @@ import calendar
 from bisect import bisect_right
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .clock import US, datetime_to_us, us_to_datetime
+from .exceptions import ScheduleError
 
 # Offsets change by at most this much at a transition (real zones: 30 min to 2 h);
 # a candidate this far past the first match in wall time cannot map to an earlier
@@ -46,6 +48,25 @@ _MINUTE = timedelta(minutes=1)
 # Look this far for a match: the calendar repeats every 400 years, and a rare
 # combination such as "29 February on a Monday" may be 40 years away.
 _HORIZON_MONTHS = 400 * 12
+
+
+def _replaceable(tz: tzinfo) -> tzinfo:
+    """``tz``, or the same zone from zoneinfo if ``tz`` is a pytz zone.
+
+    Wall times are mapped to instants with ``wall.replace(tzinfo=tz, fold=0)``.
+    A pytz zone (Celery 5.2's ``app.timezone``, or one set on a crontab) does not
+    support that: it gives every wall time its first historical offset (Berlin:
+    LMT, +00:53), so each run would be off by minutes, all year round.
+    """
+    zone = getattr(tz, "zone", None)
+    if not (isinstance(zone, str) and hasattr(tz, "localize")):
+        return tz
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ScheduleError(
+            f"time zone {zone!r} (pytz) is unknown to zoneinfo: install the tzdata package"
+        ) from None
 
 
 class CronFields:
@@ -76,7 +97,7 @@ class CronFields:
         self.days_of_week = frozenset(days_of_week)
         self.days_of_month = frozenset(days_of_month)
         self.months = frozenset(months)
-        self.tz = tz
+        self.tz = _replaceable(tz)
         #: matching minutes of a matching day, as minutes since midnight, ascending.
         self._times = [h * 60 + m for h in self.hours for m in self.minutes]
         # "31 February" never matches: answer None at once instead of searching
