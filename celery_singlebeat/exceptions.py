@@ -45,14 +45,16 @@ class SingletonBusy(SingleBeatError):
     """
 
     def __init__(self, key: str, holder: str, until: str) -> None:
-        super().__init__(f"singleton key {key!r} is held by {holder} until {until}")
+        # args are the constructor's arguments: pickle, and result backends
+        # that store ``args`` as JSON and rebuild with ``cls(*args)``, get a
+        # SingletonBusy back (not a stand-in Exception)
+        super().__init__(key, holder, until)
         self.key = key
         self.holder = holder
         self.until = until
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # result backends pickle or rebuild exceptions from their arguments
-        return (type(self), (self.key, self.holder, self.until))
+    def __str__(self) -> str:
+        return f"singleton key {self.key!r} is held by {self.holder} until {self.until}"
 
 
 class LeaseLost(SingleBeatError):

@@ -27,7 +27,7 @@ from celery.signals import worker_init
 
 from .. import signals
 from ..clock import US, us_to_datetime
-from ..exceptions import SingletonBusy, StoreUnavailable
+from ..exceptions import ConfigurationError, SingletonBusy, StoreUnavailable
 from ..slots import SLOT_HEADER
 from ..store.base import Busy, Lease, Run, RunStatus, Store
 from . import context
@@ -109,8 +109,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         if delay is not None and (
             not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0
         ):
-            from ..exceptions import ConfigurationError
-
             raise ConfigurationError(
                 f"{name}: singleton_retry_delay={delay!r}: expected seconds >= 0 or None"
             )
@@ -314,11 +312,19 @@ class SingletonTask(Task):  # type: ignore[misc]
 
 def _check_settings_at_start(sender: Any = None, **_: Any) -> None:
     """Fail a worker's start, naming the setting, when its app has SingletonTasks
-    and the singlebeat settings are wrong (rather than failing every task)."""
+    and the singlebeat settings are wrong (rather than failing every task).
+
+    Celery's signal dispatch catches and logs a receiver's exceptions (and
+    worker_init comes before the worker sets up logging, so not even that
+    shows): the worker would start as if nothing were wrong. SystemExit is no
+    Exception, so it ends the start, and its message is printed on stderr."""
     app = getattr(sender, "app", None)
     if app is None or not any(isinstance(t, SingletonTask) for t in app.tasks.values()):
         return
-    runtime_for(app)
+    try:
+        runtime_for(app)
+    except ConfigurationError as exc:
+        raise SystemExit(f"celery_singlebeat: cannot start the worker: {exc}") from exc
 
 
 worker_init.connect(_check_settings_at_start, weak=False)

@@ -905,3 +905,97 @@ def imported_from(path: Path) -> list[str]:
         return []
     items = (json.loads(line) for line in path.read_text().splitlines())
     return [item["file"] for item in items if item["event"] == "where"]
+
+
+# -- SingletonTask workers: readiness, records, leases, cleanup -----------------
+
+
+def wait_ready(worker: BeatProcess, timeout: float = 30.0) -> BeatProcess:
+    """Wait until a ``celery worker`` logged ``ready.``; fail at once if it exited."""
+
+    def ready() -> bool:
+        assert worker.alive(), f"worker {worker.name} exited:\n{worker.log()[-4000:]}"
+        return " ready." in worker.log()
+
+    wait_for(ready, timeout, f"worker {worker.name} to be ready", interval=0.05)
+    return worker
+
+
+def kill_group(worker: BeatProcess) -> None:
+    """SIGKILL a worker's whole process group (parent and pool children)."""
+    with suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.proc.wait(5)
+
+
+def pid_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines ``singletonapp.record`` appended to ``path`` (none yet: [])."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class Interval(NamedTuple):
+    """One completed execution: its start and end record."""
+
+    task_id: str
+    start: float
+    end: float
+    token: int
+    pid: int
+    tag: str
+
+
+def executions(records: list[dict[str, Any]], key: str | None = None) -> list[Interval]:
+    """Completed executions (a start and a later end of the same task id and
+    token), ordered by start; only those holding ``key`` when given."""
+    starts: dict[tuple[str, int], dict[str, Any]] = {}
+    out: list[Interval] = []
+    for rec in records:
+        if key is not None and rec.get("key") != key:
+            continue
+        ident = (rec["task_id"], rec["token"])
+        if rec["event"] == "start":
+            starts[ident] = rec
+        elif rec["event"] == "end" and ident in starts:
+            s = starts.pop(ident)
+            out.append(
+                Interval(rec["task_id"], s["at"], rec["at"], rec["token"], s["pid"], s["tag"])
+            )
+    return sorted(out, key=lambda i: i.start)
+
+
+def overlapping(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
+    """Pairs of executions that ran at the same time (intervals ordered by start)."""
+    return [(a, b) for a, b in zip(intervals, intervals[1:]) if b.start < a.end]
+
+
+def lease_row(db: Db, key: str) -> dict[str, Any] | None:
+    """The lease row of a singleton key as the database holds it, or None."""
+    locks = db.tables.locks
+    with db.engine.connect() as conn:
+        row = conn.execute(sa.select(locks).where(locks.c.name == key)).mappings().first()
+    return dict(row) if row is not None else None
+
+
+def delete_queue(broker_url: str, queue: str) -> None:
+    """Remove a test's queue (declared by Celery as exchange = routing key = name)."""
+    from kombu import Connection, Exchange
+    from kombu import Queue as KombuQueue
+
+    with suppress(Exception), Connection(broker_url) as conn:
+        channel = conn.channel()
+        exchange = Exchange(queue, type="direct")
+        KombuQueue(queue, exchange, routing_key=queue)(channel).delete()
+        exchange(channel).delete()

@@ -147,3 +147,144 @@ def where(self: Any) -> str:
         finally:
             os.close(fd)
     return path
+
+
+# -- tasks of test_singleton_pools
+#
+# * ``SB_BACKEND``: a result backend URL (the tests that judge result states)
+# * ``SB_LEASE_SETTING``: ``singlebeat_lease`` as given (a start-up check test)
+#
+# The ``keyed*`` tasks take their key from the ``key`` keyword argument, so
+# tasks of different busy policies, time limits and acks can contend for one key.
+
+from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
+
+if os.environ.get("SB_BACKEND"):
+    app.conf.result_backend = os.environ["SB_BACKEND"]
+    app.conf.result_expires = 600
+if os.environ.get("SB_LEASE_SETTING") is not None:
+    app.conf.singlebeat_lease = float(os.environ["SB_LEASE_SETTING"])
+
+
+def by_key(args: Any, kwargs: Any) -> str:
+    return str(kwargs["key"])
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    name="singletonapp.keyed",
+)
+def keyed(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """Holds ``key`` for ``seconds`` (busy policy: skip)."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    singleton_busy="retry",
+    singleton_retry_delay=0.2,
+    max_retries=200,
+    name="singletonapp.keyed_retry",
+)
+def keyed_retry(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """Like keyed, but a call finding the key busy retries every 0.2 s."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    singleton_busy="retry",
+    singleton_retry_delay=0.2,
+    max_retries=2,
+    name="singletonapp.keyed_retry_few",
+)
+def keyed_retry_few(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """Busy policy retry with max_retries=2: a long enough holder exhausts it."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    singleton_busy="retry",
+    singleton_retry_delay=0.1,
+    max_retries=50,
+    name="singletonapp.retry_once",
+)
+def retry_once(self: Any, countdown: float, *, key: str, tag: str = "") -> str:
+    """Calls ``self.retry(countdown=...)`` on its first attempt, holding ``key``;
+    the second attempt returns. (Busy policy retry: an attempt that finds the
+    key busy waits for it rather than being skipped.)"""
+    record("start", self, tag=tag)
+    if self.request.retries == 0:
+        record("retrying", self, tag=tag)
+        raise self.retry(countdown=countdown)
+    record("end", self, tag=tag, lost=self.singleton.lost)
+    return tag
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    singleton_busy="retry",
+    singleton_retry_delay=0.1,
+    max_retries=500,
+    acks_late=True,
+    task_reject_on_worker_lost=True,
+    name="singletonapp.keyed_late",
+)
+def keyed_late(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """acks_late: a worker that dies mid-run leaves the message to be redelivered;
+    busy policy retry, so the redelivery waits for the dead holder's lease."""
+    return _body(self, seconds, tag)
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=by_key,
+    time_limit=1.5,
+    name="singletonapp.hard_limited",
+)
+def hard_limited(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """A hard time limit (1.5 s) shorter than ``seconds``: the pool kills the child."""
+    return _body(self, seconds, tag)
+
+
+#: long, so a key freed at once and one freed by expiry cannot be confused
+SOFT_TTL = 30.0
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=SOFT_TTL,
+    singleton_key=by_key,
+    soft_time_limit=1.0,
+    name="singletonapp.soft_limited",
+)
+def soft_limited(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
+    """A soft time limit (1 s): SoftTimeLimitExceeded is raised in the body,
+    recorded as ``soft`` and re-raised (the task fails)."""
+    record("start", self, tag=tag)
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        record("soft", self, tag=tag)
+        raise
+    record("end", self, tag=tag, lost=self.singleton.lost)
+    return tag
