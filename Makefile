@@ -50,10 +50,12 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py
 	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_singleton.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py --quick
 	$(BIN)/python benchmarks/bench_scale.py --quick
+	$(BIN)/python benchmarks/bench_singleton.py --quick
 
 clean:
 	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -17,6 +17,13 @@ the same code and only the scheduler differs:
   the first N run every P seconds and the rest once a day (all registered at
   the same instant, so the N fall due in the same second).
 
+``bench_singleton.py`` runs it as a ``celery worker -P solo`` instead: tasks
+``benchapp.empty`` (a plain task) and ``benchapp.singleton_empty`` (a
+``SingletonTask``, TTL ``BENCH_SINGLETON_TTL``, keyed by its name, its leases
+and run rows in ``BENCH_DB_URL`` under ``BENCH_PREFIX``) do nothing;
+``benchapp.mark`` writes ``BENCH-MARK <tag> <monotonic s> <round trips>`` to
+stdout, the round trips being the worker's ``SqlStore.round_trips`` so far.
+
 Run as a script it is a baseline instead of a beat:
 
 * ``python benchapp.py sendloop SECONDS``: a plain ``app.send_task`` loop on one
@@ -39,6 +46,8 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import beat_init, before_task_publish
+
+from celery_singlebeat import SingletonTask
 
 SCHEDULERS = {
     "singlebeat": "celery_singlebeat.SingleBeatScheduler",
@@ -86,6 +95,31 @@ app.conf.beat_schedule = {
 @app.task(name=TASK)
 def probe(i: int) -> int:
     return i
+
+
+@app.task(name="benchapp.empty")
+def empty() -> None:
+    """The baseline of bench_singleton.py: a plain task that does nothing."""
+
+
+@app.task(
+    base=SingletonTask,
+    singleton_ttl=float(os.environ.get("BENCH_SINGLETON_TTL", "60")),
+    name="benchapp.singleton_empty",
+)
+def singleton_empty() -> None:
+    """The same, as a SingletonTask: what it costs more is the lease (and run row)."""
+
+
+@app.task(name="benchapp.mark")
+def mark(tag: str) -> None:
+    """Say when the worker got here (and the statements its store sent so far)."""
+    from celery_singlebeat.singleton.runtime import runtime_for
+
+    store = runtime_for(app).store()
+    trips = getattr(store, "round_trips", -1)
+    # fd 1 itself: the worker redirects sys.stdout to its logger
+    os.write(1, f"BENCH-MARK {tag} {time.monotonic():.6f} {trips}\n".encode())
 
 
 if os.environ.get("BENCH_STAMP") == "1":

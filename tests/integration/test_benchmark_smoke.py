@@ -1,10 +1,11 @@
-"""``benchmarks/bench_scheduler.py --quick`` runs to the end and prints every row.
+"""``benchmarks/bench_*.py --quick`` run to the end and print every row.
 
-Not a timed test: it asserts that the script completes against the real
-services and that its tables have the expected rows, plus the outcomes that do
-not depend on the machine's speed (singlebeat never duplicates; three
+Not timed tests: they assert that the scripts complete against the real
+services and that their tables have the expected rows, plus the outcomes that
+do not depend on the machine's speed (singlebeat never duplicates; three
 independent default schedulers do; a tick costs a constant number of
-statements whatever the number of due entries).
+statements whatever the number of due entries; a SingletonTask execution costs
+a fixed number of statements).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
 SCALE = ROOT / "benchmarks" / "bench_scale.py"
+SINGLETON = ROOT / "benchmarks" / "bench_singleton.py"
 
 pytestmark = pytest.mark.slow
 
@@ -148,3 +150,61 @@ def test_quick_scale_run_completes_with_every_row(
     for row in results["startup"]:
         assert "error" not in row, row
     assert results["idle"]["ticks"] > 0
+
+
+#: statements per operation and per execution (plain message / slot), by database.
+SINGLETON_TRIPS = {
+    "PostgreSQL": {"acquire_lease": 1, "release_lease": 1, "begin_run": 1, "finish_run": 1},
+    "MariaDB": {"acquire_lease": 2, "release_lease": 1, "begin_run": 2, "finish_run": 1},
+    "SQLite": {"acquire_lease": 1, "release_lease": 1, "begin_run": 1, "finish_run": 1},
+}
+
+
+def test_singleton_run_completes_with_every_row(
+    pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "singleton.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, str(SINGLETON), "--quick", "--executions", "20", "--batch", "20"),
+            *("--redis-db", "11", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for title in ("8. Per execution in-process", "9. End to end", "10. SQL round trips"):
+        assert title in result.stdout, title
+    assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in result.stdout
+    assert isinstance(results["postgresql_within_target"], bool)
+    databases = ["PostgreSQL", "MariaDB", "SQLite"]
+    inprocess = results["inprocess"]
+    assert [r["database"] for r in inprocess] == [*databases, "no database (MemoryStore)"]
+    for row in inprocess:
+        assert "error" not in row, row
+        assert row["slot_header_reaches_request"] is True
+        for kind in ("plain", "singleton", "slot"):
+            assert 0 < row[kind]["median_ms"] <= row[kind]["p95_ms"], row
+    for row in inprocess[:3]:
+        ops = SINGLETON_TRIPS[row["database"]]
+        assert {name: row["operations"][name]["round_trips"] for name in ops} == ops
+        plain = ops["acquire_lease"] + ops["release_lease"]
+        slot = plain + ops["begin_run"] + ops["finish_run"]
+        assert (row["plain"]["round_trips"], row["singleton"]["round_trips"]) == (0, plain)
+        assert row["slot"]["round_trips"] == slot
+        # one heartbeat of a slot execution renews the lease and the run row
+        renew = row["operations"]["renew_lease"]["round_trips"]
+        assert row["heartbeat"]["renewals"] >= 1
+        assert row["heartbeat"]["per_heartbeat_slot"] == renew + 1
+    worker = results["worker"]
+    assert [r["database"] for r in worker] == databases
+    for row, same in zip(worker, inprocess):
+        assert "error" not in row, row
+        # every slot message ran once, in a real worker that read the header
+        assert row["finished_run_rows"] == results["plan"]["warmup"] + row["executions"]
+        for kind in ("plain", "singleton", "slot"):
+            assert row[kind]["per_s"] > 0, row
+            assert row[kind]["round_trips"] == same[kind]["round_trips"], (kind, row)
