@@ -154,11 +154,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         try:
             store = runtime.store()
-            if run is not None:
-                begin = store.begin_run(run, runtime.owner, task_id, ttl_us)
-                if begin.status is not RunStatus.STARTED:
-                    self._drop_repeat(slot, begin.status, begin.owner, task_id)
-            got = self._acquire(store, run, key, runtime.owner, ttl_us)
+            got = self._start(store, run, slot, key, runtime.owner, task_id, ttl_us)
         except StoreUnavailable as exc:
             # Nobody can prove the key is free: run nothing, try later. The
             # retry waits past the TTL when a run row may be left behind.
@@ -196,17 +192,32 @@ class SingletonTask(Task):  # type: ignore[misc]
             self._finish(store, held, outcome)
             self._maybe_prune(runtime, store)
 
-    def _acquire(
-        self, store: Store, run: Run | None, key: str, owner: str, ttl_us: int
+    def _start(
+        self,
+        store: Store,
+        run: Run | None,
+        slot: SlotInfo | None,
+        key: str,
+        owner: str,
+        task_id: str,
+        ttl_us: int,
     ) -> Lease | Busy:
-        try:
+        """The key's lease (or its holder); for a slot, the run row first: a
+        repeat is dropped here (Ignore) and takes no lease."""
+        if run is None:
             return store.acquire_lease(key, owner, ttl_us)
+        try:
+            begin, got = store.begin_slot(run, key, owner, task_id, ttl_us)
         except StoreUnavailable:
-            if run is not None:
-                # else the row expires after the TTL, and the retry waits that long
-                with contextlib.suppress(StoreUnavailable):
-                    store.abandon_run(run)
+            # The run row may have been started: let it go now, or it expires
+            # after the TTL, and the retry waits that long.
+            with contextlib.suppress(StoreUnavailable):
+                store.abandon_run(run)
             raise
+        if begin.status is not RunStatus.STARTED:
+            self._drop_repeat(slot, begin.status, begin.owner, task_id)
+        assert got is not None
+        return got
 
     def _drop_repeat(
         self, slot: SlotInfo | None, status: RunStatus, holder: str, task_id: str
@@ -268,35 +279,33 @@ class SingletonTask(Task):  # type: ignore[misc]
         raise error
 
     def _finish(self, store: Store, held: Held, outcome: str) -> None:
-        run, lease = held.run, held.lease
+        """Finish the run row (abandon it for a retry) and release the key;
+        retried in the background while the database is unreachable."""
+        run, lease, task_id = held.run, held.lease, held.singleton.task_id
 
-        def finish_run() -> None:
+        def end() -> None:
             if run is None:
+                store.release_lease(lease)
                 return
-            done = store.abandon_run(run) if outcome == "retry" else store.finish_run(run, outcome)
+            done, _released = store.end_slot(run, None if outcome == "retry" else outcome, lease)
             if not done:
                 logger.warning(
                     "singlebeat: the run row of slot %s@%s was taken by another start "
                     "before task %s finished",
                     run.entry,
                     run.slot_us,
-                    held.singleton.task_id,
+                    task_id,
                 )
 
-        def release() -> None:
-            store.release_lease(lease)
-
-        for what, work in (("finishing the run row", finish_run), ("releasing the key", release)):
-            try:
-                work()
-            except StoreUnavailable as exc:
-                logger.warning(
-                    "singlebeat: %s of task %s failed (%s); retrying in the background",
-                    what,
-                    held.singleton.task_id,
-                    exc,
-                )
-                heartbeat().defer(f"{what} of task {held.singleton.task_id}", work)
+        try:
+            end()
+        except StoreUnavailable as exc:
+            logger.warning(
+                "singlebeat: recording the end of task %s failed (%s); retrying in the background",
+                task_id,
+                exc,
+            )
+            heartbeat().defer(f"recording the end of task {task_id}", end)
 
     def _maybe_prune(self, runtime: Any, store: Store) -> None:
         now = time.monotonic()

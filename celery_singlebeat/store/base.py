@@ -313,6 +313,31 @@ class Store(ABC):
         Only a running row with ``run.run_id`` changes: its expiry is set in the
         past, so the next :meth:`begin_run` of the slot gets STARTED."""
 
+    def begin_slot(
+        self, run: Run, key: str, owner: str, task_id: str, ttl_us: int
+    ) -> tuple[RunBegin, Lease | Busy | None]:
+        """:meth:`begin_run`, then :meth:`acquire_lease` of ``key`` when the run
+        STARTED (``None`` for a repeat, which takes no lease).
+
+        The rows change exactly as the two calls would change them; a store may
+        answer both in one round trip (PostgreSQL does). After
+        ``StoreUnavailable`` the caller cannot tell whether the run started.
+        """
+        begin = self.begin_run(run, owner, task_id, ttl_us)
+        if begin.status is not RunStatus.STARTED:
+            return begin, None
+        return begin, self.acquire_lease(key, owner, ttl_us)
+
+    def end_slot(self, run: Run, outcome: str | None, lease: Lease) -> tuple[bool, bool]:
+        """:meth:`finish_run` with ``outcome`` (:meth:`abandon_run` when it is
+        ``None``), then :meth:`release_lease`; returns both answers.
+
+        One round trip where the store can; both writes are idempotent, so a
+        call retried after a lost answer changes nothing more.
+        """
+        done = self.abandon_run(run) if outcome is None else self.finish_run(run, outcome)
+        return done, self.release_lease(lease)
+
     @abstractmethod
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         """Delete run rows finished, or started and expired, more than

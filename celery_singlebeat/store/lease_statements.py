@@ -41,6 +41,10 @@ class LeaseDialect:
     prune_runs: str
     prune_locks: str
     prune_turn: str
+    #: begin_run + acquire in one statement ("": the store makes two calls)
+    begin_slot: str = ""
+    #: finish_run/abandon_run + release in one statement ("": two calls)
+    end_slot: str = ""
 
     def render(self, prefix: str, now: str) -> LeaseDialect:
         names = {"l": f"{prefix}locks", "r": f"{prefix}runs", "m": f"{prefix}meta"}
@@ -56,22 +60,46 @@ class LeaseDialect:
 # A running row whose expiry passed may be retaken (its worker died).
 _PG_TAKE = "(r.state = 0 AND r.expires_us < EXCLUDED.started_us)"
 
-POSTGRESQL = LeaseDialect(
-    returning=True,
-    acquire="""
-        WITH n AS MATERIALIZED (SELECT {now} AS us),
-        got AS (
-            INSERT INTO {l} AS l (name, token, owner, grant_id, expires_us, acquired_us)
-            SELECT :key, n.us, :owner, :grant, n.us + :ttl_us, n.us FROM n
+_PG_LEASE_UPSERT = """
+            INSERT INTO {{l}} AS l (name, token, owner, grant_id, expires_us, acquired_us)
+            SELECT :key, n.us, :owner, :grant, n.us + :ttl_us, n.us FROM n {where}
             ON CONFLICT (name) DO UPDATE
                 SET token = GREATEST(l.token + 1, EXCLUDED.acquired_us),
                     owner = EXCLUDED.owner, grant_id = EXCLUDED.grant_id,
                     expires_us = EXCLUDED.expires_us, acquired_us = EXCLUDED.acquired_us
                 WHERE l.expires_us < EXCLUDED.acquired_us
-            RETURNING l.token, l.expires_us
+            RETURNING l.token, l.expires_us"""
+
+# the lease part of begin_slot runs only when the run part started the run
+_PG_IF_STARTED = "WHERE EXISTS (SELECT 1 FROM up WHERE up.run_id = :run_id)"
+
+_PG_RUN_UPSERT = f"""
+            INSERT INTO {{r}} AS r (entry, slot_us, run_id, state, owner, task_id,
+                                   expires_us, started_us, attempts, repeats)
+            SELECT :entry, :slot_us, :run_id, 0, :owner, :task_id, n.us + :ttl_us, n.us, 1, 0
+            FROM n
+            ON CONFLICT (entry, slot_us) DO UPDATE SET
+                run_id = CASE WHEN {_PG_TAKE} THEN EXCLUDED.run_id ELSE r.run_id END,
+                owner = CASE WHEN {_PG_TAKE} THEN EXCLUDED.owner ELSE r.owner END,
+                task_id = CASE WHEN {_PG_TAKE} THEN EXCLUDED.task_id ELSE r.task_id END,
+                expires_us = CASE WHEN {_PG_TAKE} THEN EXCLUDED.expires_us
+                                  ELSE r.expires_us END,
+                started_us = CASE WHEN {_PG_TAKE} THEN EXCLUDED.started_us
+                                  ELSE r.started_us END,
+                attempts = CASE WHEN {_PG_TAKE} THEN r.attempts + 1 ELSE r.attempts END,
+                repeats = CASE WHEN {_PG_TAKE} THEN r.repeats ELSE r.repeats + 1 END,
+                last_repeat_us = CASE WHEN {_PG_TAKE} THEN r.last_repeat_us
+                                      ELSE EXCLUDED.started_us END
+            RETURNING r.run_id, r.state, r.owner, r.outcome"""
+
+POSTGRESQL = LeaseDialect(
+    returning=True,
+    acquire=f"""
+        WITH n AS MATERIALIZED (SELECT {{now}} AS us),
+        got AS ({_PG_LEASE_UPSERT.format(where="")}
         )
         SELECT n.us, got.token, got.expires_us, cur.owner, cur.expires_us
-        FROM n LEFT JOIN got ON true LEFT JOIN {l} cur ON cur.name = :key""",
+        FROM n LEFT JOIN got ON true LEFT JOIN {{l}} cur ON cur.name = :key""",
     # cur above is the row as the statement's snapshot saw it: when a concurrent
     # acquirer won meanwhile, it is missing or free, and the holder is read here
     lease_row="""
@@ -95,24 +123,7 @@ POSTGRESQL = LeaseDialect(
         FROM n""",
     begin_run=f"""
         WITH n AS MATERIALIZED (SELECT {{now}} AS us),
-        up AS (
-            INSERT INTO {{r}} AS r (entry, slot_us, run_id, state, owner, task_id,
-                                   expires_us, started_us, attempts, repeats)
-            SELECT :entry, :slot_us, :run_id, 0, :owner, :task_id, n.us + :ttl_us, n.us, 1, 0
-            FROM n
-            ON CONFLICT (entry, slot_us) DO UPDATE SET
-                run_id = CASE WHEN {_PG_TAKE} THEN EXCLUDED.run_id ELSE r.run_id END,
-                owner = CASE WHEN {_PG_TAKE} THEN EXCLUDED.owner ELSE r.owner END,
-                task_id = CASE WHEN {_PG_TAKE} THEN EXCLUDED.task_id ELSE r.task_id END,
-                expires_us = CASE WHEN {_PG_TAKE} THEN EXCLUDED.expires_us
-                                  ELSE r.expires_us END,
-                started_us = CASE WHEN {_PG_TAKE} THEN EXCLUDED.started_us
-                                  ELSE r.started_us END,
-                attempts = CASE WHEN {_PG_TAKE} THEN r.attempts + 1 ELSE r.attempts END,
-                repeats = CASE WHEN {_PG_TAKE} THEN r.repeats ELSE r.repeats + 1 END,
-                last_repeat_us = CASE WHEN {_PG_TAKE} THEN r.last_repeat_us
-                                      ELSE EXCLUDED.started_us END
-            RETURNING r.run_id, r.state, r.owner, r.outcome
+        up AS ({_PG_RUN_UPSERT}
         )
         SELECT n.us, up.run_id, up.state, up.owner, up.outcome FROM n LEFT JOIN up ON true""",
     run_row="",
@@ -139,6 +150,36 @@ POSTGRESQL = LeaseDialect(
     prune_turn="""
         UPDATE {m} SET value_us = {now} + :every_us
         WHERE key = 'prune_singletons' AND value_us <= {now}""",
+    # the lease is taken only when this call started the run (a repeat takes
+    # nothing); cur, as in acquire, is the key's row as the snapshot saw it
+    begin_slot=f"""
+        WITH n AS MATERIALIZED (SELECT {{now}} AS us),
+        up AS ({_PG_RUN_UPSERT}
+        ),
+        got AS ({_PG_LEASE_UPSERT.format(where=_PG_IF_STARTED)}
+        )
+        SELECT n.us, up.run_id, up.state, up.owner, up.outcome,
+               got.token, got.expires_us, cur.owner, cur.expires_us
+        FROM n LEFT JOIN up ON true LEFT JOIN got ON true
+        LEFT JOIN {{l}} cur ON cur.name = :key""",
+    end_slot="""
+        WITH n AS MATERIALIZED (SELECT {now} AS us),
+        fin AS (
+            UPDATE {r} r SET state = CASE WHEN :abandon THEN 0 ELSE 1 END,
+                finished_us = CASE WHEN :abandon THEN r.finished_us ELSE n.us END,
+                outcome = CASE WHEN :abandon THEN r.outcome ELSE :outcome END,
+                expires_us = CASE WHEN :abandon THEN 0 ELSE r.expires_us END
+            FROM n
+            WHERE r.entry = :entry AND r.slot_us = :slot_us AND r.run_id = :run_id
+              AND r.state = 0
+            RETURNING 1 AS done
+        ),
+        rel AS (
+            UPDATE {l} l SET expires_us = 0
+            WHERE l.name = :key AND l.token = :token AND l.expires_us > 0
+            RETURNING 1 AS done
+        )
+        SELECT n.us, (SELECT count(*) FROM fin), (SELECT count(*) FROM rel) FROM n""",
 )
 
 # MySQL evaluates ON DUPLICATE KEY UPDATE assignments left to right, each

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.sql.elements import TextClause
 
 from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
@@ -121,6 +122,7 @@ class SqlStore(Store):
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
         self.round_trips = 0
+        self._texts: dict[str, TextClause] = {}
 
         @event.listens_for(self.engine, "before_cursor_execute")
         def _count(*_args: Any) -> None:
@@ -185,10 +187,18 @@ class SqlStore(Store):
                 raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
         raise AssertionError("unreachable")
 
+    def _text(self, statement: str) -> TextClause:
+        """The statement as a SQLAlchemy clause, made once: parsing its text
+        (bind parameters) on every call was a measurable part of a round trip."""
+        clause = self._texts.get(statement)
+        if clause is None:
+            clause = self._texts[statement] = text(statement)
+        return clause
+
     def _fetch(self, conn: Connection, statement: str, **params: Any) -> list[Any]:
         """Execute, read all rows, and feed the database clock from column 0."""
         sent = self.clock.local_us()
-        rows = conn.execute(text(statement), params).all()
+        rows = conn.execute(self._text(statement), params).all()
         received = self.clock.local_us()
         if rows and rows[0][0] is not None:
             self.clock.observe(int(rows[0][0]), sent, received)
@@ -218,10 +228,11 @@ class SqlStore(Store):
                         for index in table.indexes:
                             index.create(conn, checkfirst=True)
             conn.execute(
-                text(self.sql.meta_insert), {"key": "schema_version", "value_us": SCHEMA_VERSION}
+                self._text(self.sql.meta_insert),
+                {"key": "schema_version", "value_us": SCHEMA_VERSION},
             )
             for turn in ("prune", "prune_singletons"):
-                conn.execute(text(self.sql.meta_insert), {"key": turn, "value_us": 0})
+                conn.execute(self._text(self.sql.meta_insert), {"key": turn, "value_us": 0})
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
             ).one()[1]
@@ -249,7 +260,9 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> dict[str, EntryState]:
             if names:
-                conn.execute(text(self.sql.register_insert), {"names": payload, "owner": owner})
+                conn.execute(
+                    self._text(self.sql.register_insert), {"names": payload, "owner": owner}
+                )
             rows = self._fetch(conn, self.sql.register_select, names=payload)
             out = {}
             for _now, name, anchor, last in rows:
@@ -283,7 +296,7 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> list[Claim]:
             conn.execute(
-                text(self.sql.claim),
+                self._text(self.sql.claim),
                 {
                     "owner": owner,
                     "slots": payload,
@@ -311,7 +324,7 @@ class SqlStore(Store):
             )
 
         def work(conn: Connection) -> list[Claim]:
-            result = conn.execute(text(self.sql.confirm), {"owner": owner, "slots": payload})
+            result = conn.execute(self._text(self.sql.confirm), {"owner": owner, "slots": payload})
             if result.rowcount == len(claims):
                 return list(claims)
             # Some were taken over: find out which are ours and sent.
@@ -340,7 +353,7 @@ class SqlStore(Store):
             return
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
         params = {"owner": owner, "slots": payload, "retry_us": max(0, retry_in_us)}
-        self._run("release", lambda conn: conn.execute(text(self.sql.release), params))
+        self._run("release", lambda conn: conn.execute(self._text(self.sql.release), params))
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         if self.sql.returning:
@@ -358,7 +371,7 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> list[Claim]:
             result = conn.execute(
-                text(self.sql.take_over),
+                self._text(self.sql.take_over),
                 {"owner": owner, "lease_us": lease_us, "limit": limit, "batch": batch},
             )
             if result.rowcount == 0:
@@ -371,11 +384,13 @@ class SqlStore(Store):
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         def work(conn: Connection) -> int | None:
-            turn = conn.execute(text(self.sql.prune_turn), {"every_us": every_us})
+            turn = conn.execute(self._text(self.sql.prune_turn), {"every_us": every_us})
             if turn.rowcount != 1:
                 return None
-            conn.execute(text(self.sql.prune_mark), {"retention_us": retention_us})
-            deleted = conn.execute(text(self.sql.prune_delete), {"retention_us": retention_us})
+            conn.execute(self._text(self.sql.prune_mark), {"retention_us": retention_us})
+            deleted = conn.execute(
+                self._text(self.sql.prune_delete), {"retention_us": retention_us}
+            )
             return int(deleted.rowcount)
 
         return self._run("prune", work)
@@ -397,23 +412,84 @@ class SqlStore(Store):
         def work(conn: Connection) -> Lease | Busy:
             if sql.returning:
                 rows = self._fetch(conn, sql.acquire, **params)
-                if rows and rows[0][1] is not None:
-                    return Lease(key, int(rows[0][1]), int(rows[0][2]))
-                # PostgreSQL: the holder comes with the answer, as the statement's
-                # snapshot saw the row; a row missing or free there was taken by
-                # a concurrent acquirer that committed meanwhile
-                if rows and rows[0][3] is not None and int(rows[0][4]) >= int(rows[0][0]):
-                    return Busy(str(rows[0][3]), int(rows[0][4]))
-                # SQLite returns nothing when the key is busy: read the holder
-                row = self._fetch(conn, sql.lease_row, key=key)[0]
-                return Busy(str(row[3] or "?"), int(row[2] or 0))
-            conn.execute(text(sql.acquire), params)
+                if not rows:  # SQLite returns nothing when the key is busy
+                    return self._holder(conn, key)
+                now, token, expires, holder, until = rows[0]
+                return self._lease_answer(conn, key, now, token, expires, holder, until)
+            conn.execute(self._text(sql.acquire), params)
             _now, token, expires, holder, row_grant = self._fetch(conn, sql.lease_row, key=key)[0]
             if row_grant == grant:
                 return Lease(key, int(token), int(expires))
             return Busy(str(holder or "?"), int(expires or 0))
 
         return self._run("acquire lease", work)
+
+    def _lease_answer(
+        self,
+        conn: Connection,
+        key: str,
+        now: Any,
+        token: Any,
+        expires: Any,
+        holder: Any,
+        until: Any,
+    ) -> Lease | Busy:
+        """A PostgreSQL acquisition's answer: the lease, or who holds the key."""
+        if token is not None:
+            return Lease(key, int(token), int(expires))
+        # The holder comes with the answer as the statement's snapshot saw the
+        # row; a row missing or free there was taken by a concurrent acquirer
+        # that committed meanwhile: read it again.
+        if holder is not None and int(until) >= int(now):
+            return Busy(str(holder), int(until))
+        return self._holder(conn, key)
+
+    def _holder(self, conn: Connection, key: str) -> Busy:
+        row = self._fetch(conn, self.lease_sql.lease_row, key=key)[0]
+        return Busy(str(row[3] or "?"), int(row[2] or 0))
+
+    def begin_slot(
+        self, run: Run, key: str, owner: str, task_id: str, ttl_us: int
+    ) -> tuple[RunBegin, Lease | Busy | None]:
+        if not self.lease_sql.begin_slot:
+            return super().begin_slot(run, key, owner, task_id, ttl_us)
+        params = {
+            "entry": run.entry,
+            "slot_us": run.slot_us,
+            "run_id": run.run_id,
+            "owner": owner,
+            "task_id": task_id,
+            "ttl_us": ttl_us,
+            "key": key,
+            "grant": uuid.uuid4().hex,
+        }
+
+        def work(conn: Connection) -> tuple[RunBegin, Lease | Busy | None]:
+            row = self._fetch(conn, self.lease_sql.begin_slot, **params)[0]
+            now, run_id, state, holder, outcome, token, expires, key_holder, until = row
+            begin = _run_begin(run, run_id, state, holder, outcome)
+            if begin.status is not RunStatus.STARTED:
+                return begin, None
+            return begin, self._lease_answer(conn, key, now, token, expires, key_holder, until)
+
+        return self._run("begin slot", work)
+
+    def end_slot(self, run: Run, outcome: str | None, lease: Lease) -> tuple[bool, bool]:
+        if not self.lease_sql.end_slot:
+            return super().end_slot(run, outcome, lease)
+        params = {
+            "entry": run.entry,
+            "slot_us": run.slot_us,
+            "run_id": run.run_id,
+            "abandon": outcome is None,
+            "outcome": outcome or "",
+            "key": lease.key,
+            "token": lease.token,
+        }
+        row = self._run(
+            "end slot", lambda conn: self._fetch(conn, self.lease_sql.end_slot, **params)[0]
+        )
+        return int(row[1]) == 1, int(row[2]) == 1
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
         params = {"key": lease.key, "token": lease.token, "ttl_us": ttl_us}
@@ -425,7 +501,7 @@ class SqlStore(Store):
                 if not rows or rows[0][1] is None:
                     return None
                 return lease._replace(expires_us=int(rows[0][1]))
-            if conn.execute(text(sql.renew), params).rowcount != 1:
+            if conn.execute(self._text(sql.renew), params).rowcount != 1:
                 return None
             row = self._fetch(conn, sql.lease_row, key=lease.key)[0]
             return lease._replace(expires_us=int(row[2]))
@@ -436,7 +512,7 @@ class SqlStore(Store):
         params = {"key": lease.key, "token": lease.token}
         return self._run(
             "release lease",
-            lambda conn: conn.execute(text(self.lease_sql.release), params).rowcount == 1,
+            lambda conn: conn.execute(self._text(self.lease_sql.release), params).rowcount == 1,
         )
 
     def lease_holds(self, key: str, token: int) -> bool:
@@ -461,20 +537,18 @@ class SqlStore(Store):
             if sql.returning:
                 row = self._fetch(conn, sql.begin_run, **params)[0]
             else:
-                conn.execute(text(sql.begin_run), params)
+                conn.execute(self._text(sql.begin_run), params)
                 row = self._fetch(conn, sql.run_row, entry=run.entry, slot_us=run.slot_us)[0]
             _now, run_id, state, holder, outcome = row
-            if run_id == run.run_id:
-                status = RunStatus.STARTED
-            else:
-                status = RunStatus.FINISHED if int(state) == 1 else RunStatus.RUNNING
-            return RunBegin(status, str(holder), outcome)
+            return _run_begin(run, run_id, state, holder, outcome)
 
         return self._run("begin run", work)
 
     def _run_update(self, what: str, statement: str, run: Run, **extra: Any) -> bool:
         params = {"entry": run.entry, "slot_us": run.slot_us, "run_id": run.run_id, **extra}
-        return self._run(what, lambda conn: conn.execute(text(statement), params).rowcount == 1)
+        return self._run(
+            what, lambda conn: conn.execute(self._text(statement), params).rowcount == 1
+        )
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
         return self._run_update("renew run", self.lease_sql.renew_run, run, ttl_us=ttl_us)
@@ -489,11 +563,11 @@ class SqlStore(Store):
         sql = self.lease_sql
 
         def work(conn: Connection) -> int | None:
-            if conn.execute(text(sql.prune_turn), {"every_us": every_us}).rowcount != 1:
+            if conn.execute(self._text(sql.prune_turn), {"every_us": every_us}).rowcount != 1:
                 return None
             params = {"retention_us": retention_us}
-            runs = conn.execute(text(sql.prune_runs), params).rowcount
-            locks = conn.execute(text(sql.prune_locks), params).rowcount
+            runs = conn.execute(self._text(sql.prune_runs), params).rowcount
+            locks = conn.execute(self._text(sql.prune_locks), params).rowcount
             return int(runs) + int(locks)
 
         return self._run("prune singletons", work)
@@ -503,6 +577,13 @@ class SqlStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _run_begin(run: Run, run_id: Any, state: Any, holder: Any, outcome: Any) -> RunBegin:
+    if run_id == run.run_id:
+        return RunBegin(RunStatus.STARTED, str(holder), outcome)
+    status = RunStatus.FINISHED if int(state) == 1 else RunStatus.RUNNING
+    return RunBegin(status, str(holder), outcome)
 
 
 def _claims(rows: Sequence[Any]) -> list[Claim]:

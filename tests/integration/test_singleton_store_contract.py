@@ -52,10 +52,12 @@ _ONE = dict.fromkeys(
     ],
     1,
 )
+#: begin_slot/end_slot: one statement on PostgreSQL, else the two calls they stand for
+_PAIRS = {"slot (start)": 2, "slot (busy key)": 2, "slot (repeat)": 1, "slot (end)": 2}
 ROUND_TRIPS: dict[str, dict[str, int]] = {
-    "memory": _ONE,
-    "postgres": {**_ONE, "prune": 3},
-    "sqlite": {**_ONE, "acquire (busy)": 2, "prune": 3},
+    "memory": {**_ONE, **_PAIRS},
+    "postgres": {**_ONE, "prune": 3, **dict.fromkeys(_PAIRS, 1)},
+    "sqlite": {**_ONE, "acquire (busy)": 2, "prune": 3, **_PAIRS, "slot (busy key)": 3},
     "mysql": {
         **_ONE,
         "acquire (free)": 2,
@@ -64,6 +66,10 @@ ROUND_TRIPS: dict[str, dict[str, int]] = {
         "begin (start)": 2,
         "begin (repeat)": 2,
         "prune": 3,
+        "slot (start)": 4,
+        "slot (busy key)": 4,
+        "slot (repeat)": 2,
+        "slot (end)": 2,
     },
 }
 
@@ -443,6 +449,44 @@ def test_concurrent_deliveries_of_one_slot_start_it_once(backend: Backend) -> No
     assert (row["run_id"], row["attempts"], row["repeats"]) == (f"run-{winner}", 1, 7)
 
 
+def test_begin_slot_starts_the_run_and_takes_the_key_or_takes_nothing_for_a_repeat(
+    backend: Backend,  # noqa: F811
+) -> None:
+    store = backend.ready()
+    begin, lease = store.begin_slot(Run("e", 10, "run-1"), "k", "w1", "t1", LONG_LEASE)
+    assert begin.status is RunStatus.STARTED and isinstance(lease, Lease)
+    # a repeat of the slot takes no lease and is counted
+    repeat, nothing = store.begin_slot(Run("e", 10, "run-2"), "k", "w2", "t1", LONG_LEASE)
+    assert (repeat.status, repeat.owner, nothing) == (RunStatus.RUNNING, "w1", None)
+    # another slot finds the key busy: its run is started, the key is not taken
+    other, busy = store.begin_slot(Run("e", 20, "run-3"), "k", "w2", "t2", LONG_LEASE)
+    assert other.status is RunStatus.STARTED
+    assert isinstance(busy, Busy) and busy.owner == "w1"
+    assert store.lease_holds("k", lease.token)
+    assert run_rows(backend)[("e", 10)]["repeats"] == 1
+
+
+def test_end_slot_finishes_or_abandons_the_run_and_releases_the_key(
+    backend: Backend,  # noqa: F811
+) -> None:
+    store = backend.ready()
+    _, lease = store.begin_slot(Run("e", 10, "run-1"), "k", "w1", "t", LONG_LEASE)
+    assert isinstance(lease, Lease)
+    assert store.end_slot(Run("e", 10, "run-1"), "success", lease) == (True, True)
+    assert (run_rows(backend)[("e", 10)]["state"], run_rows(backend)[("e", 10)]["outcome"]) == (
+        1,
+        "success",
+    )
+    assert store.end_slot(Run("e", 10, "run-1"), "success", lease) == (False, False)  # idempotent
+    # abandoned for a retry: the slot starts again at once, the key is free
+    _, lease2 = store.begin_slot(Run("e", 20, "run-2"), "k", "w1", "t", LONG_LEASE)
+    assert isinstance(lease2, Lease) and lease2.token > lease.token
+    assert store.end_slot(Run("e", 20, "run-2"), None, lease2) == (True, True)
+    again, lease3 = store.begin_slot(Run("e", 20, "run-3"), "k", "w2", "t", LONG_LEASE)
+    assert again.status is RunStatus.STARTED and isinstance(lease3, Lease)
+    assert run_rows(backend)[("e", 20)]["attempts"] == 2
+
+
 # -- cost ---------------------------------------------------------------------------
 
 
@@ -476,6 +520,20 @@ def test_each_lease_and_run_operation_costs_a_fixed_number_of_round_trips(
         "abandon run": cost(store, lambda: store.abandon_run(run)),
         "prune": cost(store, lambda: store.prune_singletons(LONG_LEASE, LONG_LEASE)),
         "prune (not our turn)": cost(store, lambda: store.prune_singletons(LONG_LEASE, LONG_LEASE)),
+    }
+    slot = Run("e", 20, "run-3")
+    answers: list[Any] = []
+    figures |= {
+        "slot (start)": cost(
+            store, lambda: answers.append(store.begin_slot(slot, "k3", "w1", "t", LONG_LEASE))
+        ),
+        "slot (busy key)": cost(
+            store, lambda: store.begin_slot(Run("e", 30, "run-4"), "k3", "w2", "t", LONG_LEASE)
+        ),
+        "slot (repeat)": cost(
+            store, lambda: store.begin_slot(Run("e", 20, "run-5"), "k3", "w2", "t", LONG_LEASE)
+        ),
+        "slot (end)": cost(store, lambda: store.end_slot(slot, "success", answers[0][1])),
     }
     assert figures == ROUND_TRIPS[backend.kind]
 
