@@ -1,11 +1,18 @@
 """Process management, broker readers, a cuttable TCP proxy and slot accounting
-for the acceptance tests that run real ``celery beat`` replicas.
+for the acceptance tests that run real ``celery beat`` replicas, and helpers
+for those that run real ``celery worker`` processes of ``singletonapp``.
 
 Everything here observes the system from outside, as an operator would: the
 replicas are ``celery -A beatapp beat`` subprocesses, what they sent is read off
 the real broker (no worker runs, so every message stays in its queue until a
 reader takes it), and what "should have been sent" is computed from the
 database's rows (each entry's anchor and the period), never from sleeps.
+
+The SingletonTask tests send tasks by name (:class:`Sender`) to workers started
+by :meth:`Rig.start_worker` (:func:`wait_ready`), and judge what ran from the
+record file every execution appends to (:func:`read_records`,
+:func:`executions`, :func:`overlaps`), from the workers' logs (:func:`log_ids`)
+and from the database's lease and run rows (:func:`lease_row`, :func:`run_rows`).
 """
 
 from __future__ import annotations
@@ -735,7 +742,87 @@ class Rig:
                 db.drop()
 
 
-# -- SingletonTask workers: sending, records, logs and rows ---------------------
+# -- SingletonTask workers: readiness, sending, records, logs and rows --------
+
+
+def wait_ready(*workers: BeatProcess, timeout: float = 60.0) -> None:
+    """Wait until every ``celery worker`` logged that it consumes (`` ready.``);
+    fail at once if one exited. Started together, they get ready together."""
+
+    def ready(worker: BeatProcess) -> bool:
+        assert worker.alive(), f"worker {worker.name} exited:\n{worker.log()[-4000:]}"
+        return " ready." in worker.log()
+
+    names = ", ".join(w.name for w in workers)
+    wait_for(lambda: all([ready(w) for w in workers]), timeout, f"{names} to be ready")
+
+
+def kill_group(worker: BeatProcess) -> None:
+    """SIGKILL a worker's whole process group (parent and pool children)."""
+    with suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.proc.wait(5)
+
+
+def pid_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def delete_queue(broker_url: str, queue: str) -> None:
+    """Remove a queue declared as Celery declares it (exchange = routing key =
+    name), with its messages, on Redis or RabbitMQ. Declared again first: kombu
+    deletes only the bindings its channel knows (Redis keeps them in keys
+    named after the exchange, which would stay behind)."""
+    from kombu import Connection, Exchange
+    from kombu import Queue as KombuQueue
+
+    with suppress(Exception), Connection(broker_url) as conn:
+        channel = conn.channel()
+        exchange = Exchange(queue, type="direct")
+        bound = KombuQueue(queue, exchange, routing_key=queue)(channel)
+        bound.declare()
+        bound.delete()
+        exchange(channel).delete()
+
+
+class Sender:
+    """Publishes tasks by name to fresh queues of one broker, as any producer
+    would (no task class); results go to ``backend`` when given.
+    :meth:`close` deletes the queues."""
+
+    def __init__(self, broker_url: str, backend: str | None = None) -> None:
+        from celery import Celery
+
+        self.broker_url = broker_url
+        self.app = Celery("sender", broker=broker_url, backend=backend)
+        self.app.conf.broker_connection_retry_on_startup = True
+        self.queues: list[str] = []
+
+    def queue(self) -> str:
+        name = f"sbq-{uuid.uuid4().hex}"
+        self.queues.append(name)
+        return name
+
+    def send(self, queue: str, name: str, *args: Any, **options: Any) -> str:
+        """Send ``name(*args)`` to ``queue`` (``options`` as ``send_task`` takes
+        them, ``kwargs`` included); returns the task id."""
+        result = self.app.send_task(
+            name, args=args, queue=queue, exchange=queue, routing_key=queue, **options
+        )
+        return str(result.id)
+
+    def close(self) -> None:
+        try:
+            for queue in self.queues:
+                delete_queue(self.broker_url, queue)
+        finally:
+            self.app.close()
+
 
 #: a finished task as the worker logs it (skips, executions and drops alike)
 DONE_LINE = re.compile(r"Task (?P<name>\S+)\[(?P<id>[0-9a-f-]{36})\] (?P<how>succeeded|ignored)")
@@ -750,53 +837,66 @@ DROPPED_LINE = re.compile(
 )
 
 
-def worker_ready(worker: BeatProcess) -> bool:
-    """True once ``celery worker`` logged that it consumes (`` ready.``)."""
-    assert worker.alive(), f"worker {worker.name} exited:\n{worker.log()[-4000:]}"
-    return " ready." in worker.log()
-
-
 def log_ids(workers: Iterable[BeatProcess], pattern: re.Pattern[str]) -> list[str]:
     """Task ids of every line matching ``pattern`` in these workers' logs."""
     return [m["id"] for w in workers for m in pattern.finditer(w.log())]
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines ``singletonapp.record`` appended to ``path`` (none yet: [])."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def imported_from(records: list[dict[str, Any]]) -> list[str]:
+    """The celery_singlebeat files the ``singletonapp.where`` calls recorded."""
+    return [r["file"] for r in records if r["event"] == "where"]
+
+
 class Execution(NamedTuple):
-    """One execution of a task body, from its start and end lines in SB_RECORD."""
+    """One execution of a task body: its ``start`` record and its ``end``, if any."""
 
     task: str
     task_id: str
     pid: int
     token: int | None
+    key: str | None
     slot: tuple[str, int] | None
     start: float
-    #: None while it runs (or when its process died)
+    #: None while it runs, or when it never ended (killed, or it raised: a
+    #: ``self.retry()``, a soft time limit)
     end: float | None
     lost: bool | None
     tag: str
 
 
-def read_executions(path: Path) -> list[Execution]:
-    """Every execution SB_RECORD holds, in start order."""
-    if not path.exists():
-        return []
+def executions(
+    records: list[dict[str, Any]], *, task: str | None = None, key: str | None = None
+) -> list[Execution]:
+    """Every execution these records hold, ended or not, in start order; only
+    those of ``task`` and holding ``key`` when given."""
     starts: dict[tuple[str, int, object], dict[str, Any]] = {}
     ends: dict[tuple[str, int, object], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        item = json.loads(line)
-        if item["event"] not in ("start", "end"):
+    for rec in records:
+        if rec["event"] not in ("start", "end"):
             continue
-        key = (item["task_id"], item["pid"], item["token"])
-        (starts if item["event"] == "start" else ends)[key] = item
+        if (task is not None and rec["task"] != task) or (key is not None and rec["key"] != key):
+            continue
+        ident = (rec["task_id"], rec["pid"], rec["token"])
+        (starts if rec["event"] == "start" else ends)[ident] = rec
     out = []
-    for key, s in starts.items():
-        e = ends.get(key)
+    for ident, s in starts.items():
+        e = ends.get(ident)
         out.append(
             Execution(
                 s["task"],
                 s["task_id"],
                 s["pid"],
                 s["token"],
+                s["key"],
                 (s["slot"][0], int(s["slot"][1])) if s["slot"] else None,
                 s["at"],
                 e["at"] if e else None,
@@ -808,7 +908,10 @@ def read_executions(path: Path) -> list[Execution]:
 
 
 def overlaps(executions: list[Execution]) -> list[str]:
-    """Pairs of executions (start order) that overlapped or whose tokens did not grow."""
+    """What contradicts one-at-a-time in these executions of one key (start
+    order): one that overlapped the next, or did not end before it started
+    (so pass only executions that must have ended), or a fencing token that
+    did not grow. Empty when all is well."""
     problems = []
     for a, b in zip(executions, executions[1:]):
         if a.end is None or a.end > b.start:
@@ -816,43 +919,6 @@ def overlaps(executions: list[Execution]) -> list[str]:
         if a.token is None or b.token is None or not a.token < b.token:
             problems.append(f"token did not grow: {a.token} then {b.token}")
     return problems
-
-
-class Sender:
-    """Publishes tasks by name to fresh queues of one Redis broker, as any
-    producer would (no task class); :meth:`close` deletes the queues."""
-
-    def __init__(self, broker_url: str) -> None:
-        from celery import Celery
-
-        self.broker_url = broker_url
-        self.app = Celery("sender", broker=broker_url)
-        self.app.conf.broker_connection_retry_on_startup = True
-        self.queues: list[str] = []
-
-    def queue(self) -> str:
-        name = f"sbq-{uuid.uuid4().hex}"
-        self.queues.append(name)
-        return name
-
-    def send(self, queue: str, name: str, *args: Any, **options: Any) -> str:
-        """Send ``name(*args)`` to ``queue``; returns the task id."""
-        result = self.app.send_task(
-            name, args=args, queue=queue, exchange=queue, routing_key=queue, **options
-        )
-        return str(result.id)
-
-    def close(self) -> None:
-        import redis
-
-        client = redis.Redis.from_url(self.broker_url)
-        try:
-            for q in self.queues:
-                keys = [q] + [f"{q}\x06\x16{step}" for step in (3, 6, 9)]
-                client.delete(*keys, f"_kombu.binding.{q}", f"_kombu.binding_permanent.{q}")
-        finally:
-            client.close()
-            self.app.close()
 
 
 class RunRow(NamedTuple):
@@ -866,7 +932,7 @@ class RunRow(NamedTuple):
     repeats: int
 
 
-class LockRow(NamedTuple):
+class LeaseRow(NamedTuple):
     name: str
     token: int
     owner: str
@@ -888,114 +954,13 @@ def run_rows(db: Db) -> dict[tuple[str, int], RunRow]:
     }
 
 
-def lock_row(db: Db, key: str) -> LockRow | None:
-    """The lease row of one singleton key (None before its first acquisition)."""
+def lease_row(db: Db, key: str) -> LeaseRow | None:
+    """The lease row of one singleton key (None before its first acquisition);
+    ``expires_us`` 0 once released."""
     lk = db.tables.locks
     columns = (lk.c.name, lk.c.token, lk.c.owner, lk.c.expires_us, lk.c.acquired_us)
     with db.engine.connect() as conn:
         row = conn.execute(sa.select(*columns).where(lk.c.name == key)).first()
     if row is None:
         return None
-    return LockRow(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))
-
-
-def imported_from(path: Path) -> list[str]:
-    """The celery_singlebeat files the ``singletonapp.where`` calls recorded."""
-    if not path.exists():
-        return []
-    items = (json.loads(line) for line in path.read_text().splitlines())
-    return [item["file"] for item in items if item["event"] == "where"]
-
-
-# -- SingletonTask workers: readiness, records, leases, cleanup -----------------
-
-
-def wait_ready(worker: BeatProcess, timeout: float = 30.0) -> BeatProcess:
-    """Wait until a ``celery worker`` logged ``ready.``; fail at once if it exited."""
-
-    def ready() -> bool:
-        assert worker.alive(), f"worker {worker.name} exited:\n{worker.log()[-4000:]}"
-        return " ready." in worker.log()
-
-    wait_for(ready, timeout, f"worker {worker.name} to be ready", interval=0.05)
-    return worker
-
-
-def kill_group(worker: BeatProcess) -> None:
-    """SIGKILL a worker's whole process group (parent and pool children)."""
-    with suppress(ProcessLookupError):
-        os.killpg(worker.pid, signal.SIGKILL)
-    worker.proc.wait(5)
-
-
-def pid_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (gone, or a zombie not reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines ``singletonapp.record`` appended to ``path`` (none yet: [])."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-class Interval(NamedTuple):
-    """One completed execution: its start and end record."""
-
-    task_id: str
-    start: float
-    end: float
-    token: int
-    pid: int
-    tag: str
-
-
-def executions(records: list[dict[str, Any]], key: str | None = None) -> list[Interval]:
-    """Completed executions (a start and a later end of the same task id and
-    token), ordered by start; only those holding ``key`` when given."""
-    starts: dict[tuple[str, int], dict[str, Any]] = {}
-    out: list[Interval] = []
-    for rec in records:
-        if key is not None and rec.get("key") != key:
-            continue
-        ident = (rec["task_id"], rec["token"])
-        if rec["event"] == "start":
-            starts[ident] = rec
-        elif rec["event"] == "end" and ident in starts:
-            s = starts.pop(ident)
-            out.append(
-                Interval(rec["task_id"], s["at"], rec["at"], rec["token"], s["pid"], s["tag"])
-            )
-    return sorted(out, key=lambda i: i.start)
-
-
-def overlapping(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
-    """Pairs of executions that ran at the same time (intervals ordered by start)."""
-    return [(a, b) for a, b in zip(intervals, intervals[1:]) if b.start < a.end]
-
-
-def lease_row(db: Db, key: str) -> dict[str, Any] | None:
-    """The lease row of a singleton key as the database holds it, or None."""
-    locks = db.tables.locks
-    with db.engine.connect() as conn:
-        row = conn.execute(sa.select(locks).where(locks.c.name == key)).mappings().first()
-    return dict(row) if row is not None else None
-
-
-def delete_queue(broker_url: str, queue: str) -> None:
-    """Remove a test's queue (declared by Celery as exchange = routing key = name)."""
-    from kombu import Connection, Exchange
-    from kombu import Queue as KombuQueue
-
-    with suppress(Exception), Connection(broker_url) as conn:
-        channel = conn.channel()
-        exchange = Exchange(queue, type="direct")
-        KombuQueue(queue, exchange, routing_key=queue)(channel).delete()
-        exchange(channel).delete()
+    return LeaseRow(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))

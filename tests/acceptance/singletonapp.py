@@ -4,15 +4,28 @@ variables (one module serves every database, broker and pool):
 
 * ``SB_BROKER``, ``SB_URL``, ``SB_PREFIX``, ``SB_QUEUE``: as in ``beatapp``; the
   worker consumes ``SB_QUEUE``
-* ``SB_TTL``: ``singleton_ttl`` of every task here (seconds)
+* ``SB_TTL``: ``singleton_ttl`` of every task here but ``soft_limited`` (seconds)
 * ``SB_RECORD``: a file every execution appends JSON lines to (one ``start``
   and one ``end`` line each, written with O_APPEND so concurrent processes do
   not interleave): what ran, where, when (wall clock of this host), with which
-  fencing token and slot. Tests judge overlaps and counts from this file.
+  fencing token, key and slot. Tests judge overlaps and counts from this file.
+* ``SB_BACKEND``: a result backend URL (for the tests that judge result states)
+* ``SB_LEASE_SETTING``: ``singlebeat_lease`` as given (a start-up check test)
 
-Task ``beatapp.probe`` has the name the beat replicas of ``beatapp`` send by,
-so a worker of this app executes what those beats send while the beats never
-import this module (they only know a plain task of that name).
+The ``singletonapp.*`` SingletonTasks hold the key a call passes as the ``key``
+keyword argument, or their task name when it passes none; so tasks of
+different busy policies, time limits and acks can contend for one key:
+
+* ``hold``, ``hold_raise``, ``hold_retry``, ``hold_retry_few``, ``hold_late``
+  and ``hard_limited`` hold their key for ``seconds`` and return ``tag``; they
+  differ in their options only (busy policy, retries, acks_late, time limit)
+* ``retry_once`` calls ``self.retry()`` once; ``soft_limited`` records the soft
+  time limit it hits
+
+Task ``beatapp.probe`` (default key: its name) has the name the beat replicas
+of ``beatapp`` send by, so a worker of this app executes what those beats send
+while the beats never import this module (they only know a plain task of that
+name). ``singletonapp.where`` records which celery_singlebeat the worker runs.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_singlebeat import SingletonTask
 
@@ -31,6 +45,9 @@ app = Celery("singletonapp", broker=os.environ.get("SB_BROKER", "memory://"))
 queue = os.environ.get("SB_QUEUE", "celery")
 TTL = float(os.environ.get("SB_TTL", "3"))
 RECORD = os.environ.get("SB_RECORD", "")
+#: ``soft_limited``'s TTL: long, so a key freed at once and one freed by expiry
+#: cannot be confused
+SOFT_TTL = 30.0
 
 app.conf.update(
     singlebeat_url=os.environ.get("SB_URL"),
@@ -42,15 +59,21 @@ app.conf.update(
     # one message at a time per process: a test sees what it sent, in order
     worker_prefetch_multiplier=1,
 )
+if os.environ.get("SB_BACKEND"):
+    app.conf.result_backend = os.environ["SB_BACKEND"]
+    app.conf.result_expires = 600
+if os.environ.get("SB_LEASE_SETTING") is not None:
+    app.conf.singlebeat_lease = float(os.environ["SB_LEASE_SETTING"])
 
 
 def record(event: str, task: Any, **extra: Any) -> None:
-    """Append one JSON line to SB_RECORD (one write() call: atomic with O_APPEND)."""
+    """Append one JSON line to SB_RECORD (one write() call: atomic with O_APPEND).
+    Token, key and slot are None outside a lease (and for a plain task)."""
     if not RECORD:
         return
     request = task.request
     singleton = None
-    with contextlib.suppress(RuntimeError):  # outside a lease: no singleton
+    with contextlib.suppress(RuntimeError, AttributeError):
         singleton = task.singleton
     line = {
         "event": event,
@@ -80,48 +103,93 @@ def _body(task: Any, seconds: float, tag: str) -> str:
     return tag
 
 
-@app.task(bind=True, base=SingletonTask, singleton_ttl=TTL, name="singletonapp.hold")
-def hold(self: Any, seconds: float, tag: str = "") -> str:
-    """Holds the task-name key for ``seconds`` (busy policy: skip)."""
+def singleton(name: str, **options: Any) -> Any:
+    """``@app.task`` of a bound SingletonTask ``name`` (``singleton_ttl`` SB_TTL
+    unless given) whose key is the call's ``key`` keyword argument, or ``name``."""
+
+    def key_or_name(args: Any, kwargs: Any) -> str:
+        return str(kwargs.get("key") or name)
+
+    options.setdefault("singleton_ttl", TTL)
+    return app.task(bind=True, base=SingletonTask, name=name, singleton_key=key_or_name, **options)
+
+
+@singleton("singletonapp.hold")
+def hold(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """Holds its key for ``seconds`` (busy policy: skip)."""
     return _body(self, seconds, tag)
 
 
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_busy="retry",
-    singleton_retry_delay=0.5,
-    max_retries=100,
-    name="singletonapp.hold_retry",
-)
-def hold_retry(self: Any, seconds: float, tag: str = "") -> str:
-    """Like hold, but a call finding the key busy retries until it runs."""
-    return _body(self, seconds, tag)
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_busy="raise",
-    name="singletonapp.hold_raise",
-)
-def hold_raise(self: Any, seconds: float, tag: str = "") -> str:
+@singleton("singletonapp.hold_raise", singleton_busy="raise")
+def hold_raise(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
     """Like hold, but a call finding the key busy fails with SingletonBusy."""
     return _body(self, seconds, tag)
 
 
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=lambda args, kwargs: f"account:{kwargs['account']}",
-    name="singletonapp.per_account",
+@singleton(
+    "singletonapp.hold_retry", singleton_busy="retry", singleton_retry_delay=0.2, max_retries=200
 )
-def per_account(self: Any, seconds: float, account: str) -> str:
-    """One execution at a time per account (a key function)."""
-    return _body(self, seconds, account)
+def hold_retry(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """Like hold, but a call finding the key busy retries every 0.2 s until it runs."""
+    return _body(self, seconds, tag)
+
+
+@singleton(
+    "singletonapp.hold_retry_few", singleton_busy="retry", singleton_retry_delay=0.2, max_retries=2
+)
+def hold_retry_few(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """Busy policy retry with max_retries=2: a long enough holder exhausts it."""
+    return _body(self, seconds, tag)
+
+
+@singleton(
+    "singletonapp.hold_late",
+    singleton_busy="retry",
+    singleton_retry_delay=0.1,
+    max_retries=500,
+    acks_late=True,
+    task_reject_on_worker_lost=True,
+)
+def hold_late(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """acks_late: a worker that dies mid-run leaves the message to be redelivered;
+    busy policy retry, so the redelivery waits for the dead holder's lease."""
+    return _body(self, seconds, tag)
+
+
+@singleton("singletonapp.hard_limited", time_limit=1.5)
+def hard_limited(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """A hard time limit (1.5 s) shorter than ``seconds``: the pool kills the child."""
+    return _body(self, seconds, tag)
+
+
+@singleton(
+    "singletonapp.retry_once", singleton_busy="retry", singleton_retry_delay=0.1, max_retries=50
+)
+def retry_once(self: Any, countdown: float, tag: str = "", *, key: str | None = None) -> str:
+    """Calls ``self.retry(countdown=...)`` on its first attempt (recorded as
+    ``retrying``, no ``end``), holding its key; the second attempt returns.
+    (Busy policy retry: an attempt that finds the key busy waits for it rather
+    than being skipped.)"""
+    record("start", self, tag=tag)
+    if self.request.retries == 0:
+        record("retrying", self, tag=tag)
+        raise self.retry(countdown=countdown)
+    record("end", self, tag=tag, lost=self.singleton.lost)
+    return tag
+
+
+@singleton("singletonapp.soft_limited", singleton_ttl=SOFT_TTL, soft_time_limit=1.0)
+def soft_limited(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """A soft time limit (1 s): SoftTimeLimitExceeded is raised in the body,
+    recorded as ``soft`` and re-raised (the task fails)."""
+    record("start", self, tag=tag)
+    try:
+        time.sleep(seconds)
+    except SoftTimeLimitExceeded:
+        record("soft", self, tag=tag)
+        raise
+    record("end", self, tag=tag, lost=self.singleton.lost)
+    return tag
 
 
 @app.task(bind=True, base=SingletonTask, singleton_ttl=TTL, name="beatapp.probe")
@@ -134,157 +202,10 @@ def probe(self: Any, i: int) -> int:
 
 @app.task(bind=True, name="singletonapp.where")
 def where(self: Any) -> str:
-    """Records (event ``where``) which copy of celery_singlebeat this worker imported,
-    so a test can check the workers run the checkout under test."""
+    """Records (event ``where``, field ``file``) which copy of celery_singlebeat
+    this worker imported, so a test can check the workers run the checkout under test."""
     import celery_singlebeat
 
     path = str(celery_singlebeat.__file__)
-    if RECORD:
-        line = {"event": "where", "task_id": self.request.id, "pid": os.getpid(), "file": path}
-        fd = os.open(RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+    record("where", self, file=path)
     return path
-
-
-# -- tasks of test_singleton_pools
-#
-# * ``SB_BACKEND``: a result backend URL (the tests that judge result states)
-# * ``SB_LEASE_SETTING``: ``singlebeat_lease`` as given (a start-up check test)
-#
-# The ``keyed*`` tasks take their key from the ``key`` keyword argument, so
-# tasks of different busy policies, time limits and acks can contend for one key.
-
-from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
-
-if os.environ.get("SB_BACKEND"):
-    app.conf.result_backend = os.environ["SB_BACKEND"]
-    app.conf.result_expires = 600
-if os.environ.get("SB_LEASE_SETTING") is not None:
-    app.conf.singlebeat_lease = float(os.environ["SB_LEASE_SETTING"])
-
-
-def by_key(args: Any, kwargs: Any) -> str:
-    return str(kwargs["key"])
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    name="singletonapp.keyed",
-)
-def keyed(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """Holds ``key`` for ``seconds`` (busy policy: skip)."""
-    return _body(self, seconds, tag)
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    singleton_busy="retry",
-    singleton_retry_delay=0.2,
-    max_retries=200,
-    name="singletonapp.keyed_retry",
-)
-def keyed_retry(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """Like keyed, but a call finding the key busy retries every 0.2 s."""
-    return _body(self, seconds, tag)
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    singleton_busy="retry",
-    singleton_retry_delay=0.2,
-    max_retries=2,
-    name="singletonapp.keyed_retry_few",
-)
-def keyed_retry_few(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """Busy policy retry with max_retries=2: a long enough holder exhausts it."""
-    return _body(self, seconds, tag)
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    singleton_busy="retry",
-    singleton_retry_delay=0.1,
-    max_retries=50,
-    name="singletonapp.retry_once",
-)
-def retry_once(self: Any, countdown: float, *, key: str, tag: str = "") -> str:
-    """Calls ``self.retry(countdown=...)`` on its first attempt, holding ``key``;
-    the second attempt returns. (Busy policy retry: an attempt that finds the
-    key busy waits for it rather than being skipped.)"""
-    record("start", self, tag=tag)
-    if self.request.retries == 0:
-        record("retrying", self, tag=tag)
-        raise self.retry(countdown=countdown)
-    record("end", self, tag=tag, lost=self.singleton.lost)
-    return tag
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    singleton_busy="retry",
-    singleton_retry_delay=0.1,
-    max_retries=500,
-    acks_late=True,
-    task_reject_on_worker_lost=True,
-    name="singletonapp.keyed_late",
-)
-def keyed_late(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """acks_late: a worker that dies mid-run leaves the message to be redelivered;
-    busy policy retry, so the redelivery waits for the dead holder's lease."""
-    return _body(self, seconds, tag)
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=TTL,
-    singleton_key=by_key,
-    time_limit=1.5,
-    name="singletonapp.hard_limited",
-)
-def hard_limited(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """A hard time limit (1.5 s) shorter than ``seconds``: the pool kills the child."""
-    return _body(self, seconds, tag)
-
-
-#: long, so a key freed at once and one freed by expiry cannot be confused
-SOFT_TTL = 30.0
-
-
-@app.task(
-    bind=True,
-    base=SingletonTask,
-    singleton_ttl=SOFT_TTL,
-    singleton_key=by_key,
-    soft_time_limit=1.0,
-    name="singletonapp.soft_limited",
-)
-def soft_limited(self: Any, seconds: float = 0.0, *, key: str, tag: str = "") -> str:
-    """A soft time limit (1 s): SoftTimeLimitExceeded is raised in the body,
-    recorded as ``soft`` and re-raised (the task fails)."""
-    record("start", self, tag=tag)
-    try:
-        time.sleep(seconds)
-    except SoftTimeLimitExceeded:
-        record("soft", self, tag=tag)
-        raise
-    record("end", self, tag=tag, lost=self.singleton.lost)
-    return tag

@@ -12,8 +12,6 @@ or dropped, and the database's lease and run rows are read directly.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -30,15 +28,17 @@ from harness import (
     Execution,
     Rig,
     Sender,
+    executions,
     group_env,
     imported_from,
-    lock_row,
+    kill_group,
+    lease_row,
     log_ids,
     overlaps,
-    read_executions,
+    read_records,
     run_rows,
     wait_for,
-    worker_ready,
+    wait_ready,
 )
 
 from celery_singlebeat.slots import slot_header, slot_task_id
@@ -85,9 +85,7 @@ def _start_workers(
 ) -> list[BeatProcess]:
     """Start one worker per (name, env) and wait until every one consumes."""
     workers = [rig.start_worker(env, name, **options) for name, env in envs.items()]
-    wait_for(
-        lambda: all(worker_ready(w) for w in workers), 60, "the workers to be ready", interval=0.2
-    )
+    wait_ready(*workers)
     return workers
 
 
@@ -115,7 +113,7 @@ def _wait_done(
 
 
 def _executions(record: Path, task: str = HOLD) -> list[Execution]:
-    return [e for e in read_executions(record) if e.task == task]
+    return executions(read_records(record), task=task)
 
 
 def _send_slot(
@@ -150,7 +148,7 @@ def test_concurrent_sends_never_overlap(
 
     # The workers run this checkout's package, not another one's.
     _wait_done(workers, sender.send(queue, "singletonapp.where"))
-    files = imported_from(record)
+    files = imported_from(read_records(record))
     assert files and all(Path(f).is_relative_to(ROOT) for f in files), (files, ROOT)
 
     waves, per_wave = 4, 5
@@ -211,10 +209,9 @@ def test_sigkilled_holder_blocks_the_key_until_its_ttl(
     first = wait_for(lambda: _executions(record), 20, "the long run to start")[0]
     # Killed mid-run: the heartbeat has renewed the lease at least once.
     wait_for(lambda: time.time() > first.start + ttl / 2, ttl, "half a TTL")
-    os.killpg(a.pid, signal.SIGKILL)
-    a.proc.wait(5)
+    kill_group(a)
     killed_at = time.time()
-    lock = lock_row(db, HOLD)
+    lock = lease_row(db, HOLD)
     # A renewal in flight at the kill can only move the end later: a lower bound.
     assert lock is not None and lock.token == first.token, lock
     expires = lock.expires_us / US
@@ -301,7 +298,7 @@ def test_run_three_times_its_ttl_keeps_the_lease(
         assert time.time() < first.start + length + 20, _logs([a, b])
         if renewed is None and time.time() > first.start + 2 * ttl:
             # the database shows the original token, its end pushed past start + TTL
-            renewed = lock_row(db, HOLD)
+            renewed = lease_row(db, HOLD)
             now_us = db.now_us()
         sent_at = time.time()
         task_id = sender.send(qb, HOLD, 0.1, f"try-{len(attempts)}")
@@ -325,7 +322,7 @@ def test_run_three_times_its_ttl_keeps_the_lease(
     late = [t for t in during if t[0] > long_run.start + 2 * ttl]
     assert len(late) >= 2, detail
     assert not overlaps(executions), "\n".join(overlaps(executions)) + "\n" + detail
-    row = lock_row(db, HOLD)
+    row = lease_row(db, HOLD)
     assert row is not None and row.token >= long_run.token  # later attempts may run
     print(f"{len(during)} attempts skipped during a {length}s run with ttl {ttl}s")
 
