@@ -148,7 +148,7 @@ def hold_retry_few(self: Any, seconds: float, tag: str = "", *, key: str | None 
     singleton_retry_delay=0.1,
     max_retries=500,
     acks_late=True,
-    task_reject_on_worker_lost=True,
+    reject_on_worker_lost=True,
 )
 def hold_late(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
     """acks_late: a worker that dies mid-run leaves the message to be redelivered;
