@@ -454,12 +454,7 @@ class SqlStore(Store):
         if not self.lease_sql.begin_slot:
             return super().begin_slot(run, key, owner, task_id, ttl_us)
         params = {
-            "entry": run.entry,
-            "slot_us": run.slot_us,
-            "run_id": run.run_id,
-            "owner": owner,
-            "task_id": task_id,
-            "ttl_us": ttl_us,
+            **_run_params(run, owner, task_id, ttl_us),
             "key": key,
             "grant": uuid.uuid4().hex,
         }
@@ -523,14 +518,7 @@ class SqlStore(Store):
         return int(rows[0][1]) > 0
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
-        params = {
-            "entry": run.entry,
-            "slot_us": run.slot_us,
-            "run_id": run.run_id,
-            "owner": owner,
-            "task_id": task_id,
-            "ttl_us": ttl_us,
-        }
+        params = _run_params(run, owner, task_id, ttl_us)
         sql = self.lease_sql
 
         def work(conn: Connection) -> RunBegin:
@@ -577,6 +565,18 @@ class SqlStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _run_params(run: Run, owner: str, task_id: str, ttl_us: int) -> dict[str, Any]:
+    """The parameters of a statement that starts a run."""
+    return {
+        "entry": run.entry,
+        "slot_us": run.slot_us,
+        "run_id": run.run_id,
+        "owner": owner,
+        "task_id": task_id,
+        "ttl_us": ttl_us,
+    }
 
 
 def _run_begin(run: Run, run_id: Any, state: Any, holder: Any, outcome: Any) -> RunBegin:
