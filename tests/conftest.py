@@ -11,6 +11,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -21,13 +22,25 @@ MYSQL_URL = os.environ.get("SB_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306
 REDIS_URL = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("SB_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
 
-_PORTS = {"postgres": 5432, "mysql": 3306, "redis": 6379, "rabbitmq": 5672}
+
+def _address(url: str, port: int) -> tuple[str, int]:
+    """Host and port of a service URL (``SB_TEST_PG`` may point at PgBouncer)."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or port
+
+
+_ADDRESSES = {
+    "postgres": _address(PG_URL, 5432),
+    "mysql": _address(MYSQL_URL, 3306),
+    "redis": _address(REDIS_URL, 6379),
+    "rabbitmq": _address(AMQP_URL, 5672),
+}
 
 
 def service_up(name: str) -> bool:
     """True when the service's TCP port accepts a connection."""
     try:
-        with socket.create_connection(("127.0.0.1", _PORTS[name]), timeout=1):
+        with socket.create_connection(_ADDRESSES[name], timeout=1):
             return True
     except OSError:
         return False
@@ -37,7 +50,8 @@ def require(name: str) -> None:
     """Skip (locally) or fail (CI) when the service is down."""
     if service_up(name):
         return
-    message = f"{name} is not reachable on 127.0.0.1:{_PORTS[name]}"
+    host, port = _ADDRESSES[name]
+    message = f"{name} is not reachable on {host}:{port}"
     if IN_CI:
         pytest.fail(f"{message} (CI=true: a missing service is a failure)")
     pytest.skip(message)
