@@ -11,9 +11,12 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL, Engine, make_url
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -55,6 +58,20 @@ def require(name: str) -> None:
     if IN_CI:
         pytest.fail(f"{message} (CI=true: a missing service is a failure)")
     pytest.skip(message)
+
+
+def direct_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """An engine for a test's own look at the tables (not the store's engine).
+
+    With psycopg, no server-side prepared statements, as the store does: psycopg
+    prepares a statement run five times on one connection (executemany at once),
+    and behind PgBouncer in transaction pooling mode the prepared statement stays
+    on a server connection that other clients then get: "prepared statement
+    _pg3_0 already exists" (``make test-pgbouncer``)."""
+    url = make_url(url)
+    if url.get_driver_name() == "psycopg":
+        kwargs["connect_args"] = {"prepare_threshold": None, **kwargs.get("connect_args", {})}
+    return create_engine(url, **kwargs)
 
 
 @pytest.fixture
