@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compat test-python unit lint typecheck bench bench-quick clean
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,26 @@ demo: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+# The PostgreSQL store contract and the whole acceptance suite through PgBouncer in
+# transaction pooling mode (.ci/pgbouncer.sh starts a private one on 6432; the
+# acceptance tests that use SQLite or MariaDB run too, unchanged). Fails unless
+# PgBouncer's SHOW STATS counted the run's transactions.
+PGBOUNCER_PORT ?= 6432
+PGBOUNCER_URL := postgresql+psycopg://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test
+test-pgbouncer: export PGBOUNCER_PORT := $(PGBOUNCER_PORT)
+test-pgbouncer: $(STAMP)
+	.ci/pgbouncer.sh start
+	@before=$$(.ci/pgbouncer.sh xacts); status=0; \
+	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider -k postgres \
+		tests/integration/test_store_contract.py tests/integration/test_singleton_store_contract.py \
+		|| status=$$?; \
+	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 \
+		tests/acceptance || status=$$?; \
+	after=$$(.ci/pgbouncer.sh xacts); \
+	echo "pgbouncer: $$((after - before)) transactions through 127.0.0.1:$(PGBOUNCER_PORT) during the run"; \
+	if [ "$$after" -le "$$before" ]; then echo "pgbouncer: no traffic: the tests did not go through it" >&2; exit 1; fi; \
+	exit $$status
 
 # The oldest Celery we support, in a venv of its own: the scheduler subclasses
 # Celery's Scheduler, whose internals move between releases.

@@ -11,8 +11,12 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL, Engine, make_url
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -21,13 +25,25 @@ MYSQL_URL = os.environ.get("SB_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306
 REDIS_URL = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("SB_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
 
-_PORTS = {"postgres": 5432, "mysql": 3306, "redis": 6379, "rabbitmq": 5672}
+
+def _address(url: str, port: int) -> tuple[str, int]:
+    """Host and port of a service URL (``SB_TEST_PG`` may point at PgBouncer)."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or port
+
+
+_ADDRESSES = {
+    "postgres": _address(PG_URL, 5432),
+    "mysql": _address(MYSQL_URL, 3306),
+    "redis": _address(REDIS_URL, 6379),
+    "rabbitmq": _address(AMQP_URL, 5672),
+}
 
 
 def service_up(name: str) -> bool:
     """True when the service's TCP port accepts a connection."""
     try:
-        with socket.create_connection(("127.0.0.1", _PORTS[name]), timeout=1):
+        with socket.create_connection(_ADDRESSES[name], timeout=1):
             return True
     except OSError:
         return False
@@ -37,10 +53,25 @@ def require(name: str) -> None:
     """Skip (locally) or fail (CI) when the service is down."""
     if service_up(name):
         return
-    message = f"{name} is not reachable on 127.0.0.1:{_PORTS[name]}"
+    host, port = _ADDRESSES[name]
+    message = f"{name} is not reachable on {host}:{port}"
     if IN_CI:
         pytest.fail(f"{message} (CI=true: a missing service is a failure)")
     pytest.skip(message)
+
+
+def direct_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """An engine for a test's own look at the tables (not the store's engine).
+
+    With psycopg, no server-side prepared statements, as the store does: psycopg
+    prepares a statement run five times on one connection (executemany at once),
+    and behind PgBouncer in transaction pooling mode the prepared statement stays
+    on a server connection that other clients then get: "prepared statement
+    _pg3_0 already exists" (``make test-pgbouncer``)."""
+    url = make_url(url)
+    if url.get_driver_name() == "psycopg":
+        kwargs["connect_args"] = {"prepare_threshold": None, **kwargs.get("connect_args", {})}
+    return create_engine(url, **kwargs)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
+from conftest import direct_engine
 from sqlalchemy.engine import Engine
 
 from celery_singlebeat.slots import slot_task_id
@@ -524,7 +525,7 @@ class Db:
     """Direct access to one test's tables (never through the proxy)."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        self.engine: Engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        self.engine: Engine = direct_engine(url, poolclass=sa.pool.NullPool)
         self.tables = Tables(prefix)
         self.sql = dialect_for(self.engine.dialect.name, prefix)
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
-from sqlalchemy import create_engine, inspect
+from conftest import direct_engine
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat import SingleBeatScheduler, create_schema
@@ -170,7 +171,7 @@ def schema_cleanup() -> Iterator[list[tuple[str, str]]]:
     for url, prefix in created:
         if url.startswith("sqlite"):
             continue
-        engine = create_engine(url)
+        engine = direct_engine(url)
         try:
             Tables(prefix).metadata.drop_all(engine)
         finally:
@@ -197,7 +198,7 @@ def queued(broker: str, name: str) -> int:
 
 
 def table_names(url: str, prefix: str) -> set[str]:
-    engine = create_engine(url)
+    engine = direct_engine(url)
     try:
         with engine.connect() as conn:
             return {n for n in inspect(conn).get_table_names() if n.startswith(prefix)}
@@ -460,16 +461,16 @@ def test_three_replicas_starting_together_create_the_schema_once(
         assert "SB-LATE" not in proc.output, "the processes did not start together"
     assert table_names(db_url, table_prefix) == expected_tables(table_prefix)
     tables = Tables(table_prefix)
-    engine = create_engine(db_url)
+    engine = direct_engine(db_url)
     try:
         with engine.connect() as conn:
             meta = conn.execute(tables.meta.select()).all()
             entries = conn.execute(tables.entries.select()).all()
     finally:
         engine.dispose()
-    # one row per key (the prune turn has moved on by now)
+    # one row per key (the prune turns have moved on by now)
     values = {str(key): int(value) for key, value in meta}
-    assert sorted(values) == ["prune", "schema_version"] and len(meta) == 2
+    assert sorted(values) == ["prune", "prune_singletons", "schema_version"] and len(meta) == 3
     assert values["schema_version"] == SCHEMA_VERSION
     assert [row.name for row in entries] == ["probe"]
     for proc in procs:
@@ -488,7 +489,7 @@ def test_newer_schema_version_stops_beat(
     schema_cleanup.append((db_url, table_prefix))
     create_schema(db_url, table_prefix=table_prefix)
     tables = Tables(table_prefix)
-    engine = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    engine = direct_engine(db_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             conn.execute(

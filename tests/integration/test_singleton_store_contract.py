@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect
-from sqlalchemy.engine import make_url
+from conftest import direct_engine
+from sqlalchemy import inspect
 from test_store_contract import (  # noqa: F401
     LONG_LEASE,
     SHORT_LEASE,
@@ -80,7 +80,7 @@ def run_rows(backend: Backend) -> dict[tuple[str, int], dict[str, Any]]:  # noqa
         return {(k.entry, k.slot_us): row for k, row in backend.memory.run_rows().items()}
     assert backend.url is not None
     runs = Tables(backend.prefix).runs
-    engine = create_engine(make_url(backend.url))
+    engine = direct_engine(backend.url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(runs.select()).mappings().all()
@@ -274,7 +274,7 @@ def push_token_ahead(backend: Backend, key: str, by_us: int) -> int:  # noqa: F8
         return lock.token
     assert backend.url is not None
     locks = Tables(backend.prefix).locks
-    engine = create_engine(make_url(backend.url))
+    engine = direct_engine(backend.url)
     try:
         with engine.begin() as conn:
             conn.execute(
@@ -545,7 +545,7 @@ def make_previous_release_schema(backend: Backend) -> None:  # noqa: F811
     """What 0.1.0 created: meta (with its rows), entries and slots, no slot_us index."""
     assert backend.url is not None
     tables = Tables(backend.prefix)
-    engine = create_engine(make_url(backend.url))
+    engine = direct_engine(backend.url)
     try:
         with engine.begin() as conn:
             for table in (tables.meta, tables.entries, tables.slots):
@@ -567,7 +567,7 @@ def make_previous_release_schema(backend: Backend) -> None:  # noqa: F811
 def schema_of(backend: Backend) -> tuple[set[str], set[str]]:  # noqa: F811
     """The table names, and the index names of the slots table."""
     assert backend.url is not None
-    engine = create_engine(make_url(backend.url))
+    engine = direct_engine(backend.url)
     try:
         inspector = inspect(engine)
         tables = set(inspector.get_table_names())

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import create_engine, inspect
+from conftest import direct_engine
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.clock import US
@@ -76,7 +77,7 @@ class Backend:
             return
         assert self.url is not None
         tables = Tables(self.prefix)
-        engine = create_engine(make_url(self.url))
+        engine = direct_engine(self.url)
         try:
             with engine.begin() as conn:
                 conn.execute(
@@ -107,7 +108,7 @@ def backend(
     leaked = [s.engine.pool.checkedout() for s in backend.opened]  # type: ignore[attr-defined]
     for store in backend.opened:
         store.close()
-    engine = create_engine(make_url(url))
+    engine = direct_engine(url)
     try:
         Tables(table_prefix).metadata.drop_all(engine)
     finally:
@@ -176,7 +177,7 @@ def test_prepare_adds_indexes_missing_from_tables_made_by_an_older_release(
     backend.ready()
     tables = Tables(backend.prefix)
     index = next(i for i in tables.slots.indexes if i.name == f"ix_{backend.prefix}slots_slot")
-    engine = create_engine(make_url(backend.url))
+    engine = direct_engine(backend.url)
     try:
         with engine.begin() as conn:
             index.drop(conn)
