@@ -299,14 +299,19 @@ def _operations(store: Any, repeat: int = 50) -> dict[str, Any]:
 
     for i in range(repeat):
         measure("ping", store.ping)
-        run = Run(f"{ENTRY}-ops", SLOT_BASE_US + i, uuid.uuid4().hex)
-        measure("begin_run", partial(store.begin_run, run, "bench", "task", ttl_us))
+        # a plain message: the key only
         lease = measure("acquire_lease", partial(store.acquire_lease, key, "bench", ttl_us))
         assert isinstance(lease, Lease), lease
         measure("renew_lease", partial(store.renew_lease, lease, ttl_us))
-        measure("renew_run", partial(store.renew_run, run, ttl_us))
-        measure("finish_run", partial(store.finish_run, run, "success"))
         measure("release_lease", partial(store.release_lease, lease))
+        # a scheduler slot: the run row and the key, started and ended together
+        run = Run(f"{ENTRY}-ops", SLOT_BASE_US + i, uuid.uuid4().hex)
+        begin, lease = measure(
+            "begin_slot", partial(store.begin_slot, run, key, "bench", "task", ttl_us)
+        )
+        assert isinstance(lease, Lease), (begin, lease)
+        measure("renew_run", partial(store.renew_run, run, ttl_us))
+        measure("end_slot", partial(store.end_slot, run, "success", lease))
     out: dict[str, Any] = {}
     for name, found in counts.items():
         if len(found) != 1:
@@ -595,8 +600,8 @@ def render(results: dict[str, Any]) -> str:
                     r["database"],
                     ops["acquire_lease"]["round_trips"],
                     ops["release_lease"]["round_trips"],
-                    ops["begin_run"]["round_trips"],
-                    ops["finish_run"]["round_trips"],
+                    ops["begin_slot"]["round_trips"],
+                    ops["end_slot"]["round_trips"],
                     ops["renew_lease"]["round_trips"],
                     f"{r['heartbeat']['per_heartbeat_slot']:g}",
                     f"{r['singleton']['round_trips']:g} / {r['slot']['round_trips']:g}",
@@ -611,8 +616,8 @@ def render(results: dict[str, Any]) -> str:
                     "database",
                     "acquire",
                     "release",
-                    "begin_run",
-                    "finish_run",
+                    "begin slot",
+                    "end slot",
                     "heartbeat",
                     "heartbeat, slot",
                     "per execution / slot",
