@@ -119,6 +119,10 @@ OUTAGE_BEFORE_US = US
 #: clock made a moment before it: a slot this close to the grace edge may go
 #: either way
 OUTAGE_EDGE_US = US // 2
+#: the Redis transport's visibility timeout in the workers (SB_VISIBILITY)
+VISIBILITY = 20.0
+#: a worker that lost its broker connection puts back what it held
+RESTORING_LINE = re.compile(r"Restoring (?P<n>\d+) unacknowledged message")
 #: a rolling restart's new version proposes its slots once this long after the
 #: last replica came up with it
 ROLL_SETTLE_US = US
@@ -372,6 +376,7 @@ class Report:
     published: int = 0
     published_twice: int = 0
     dropped_by_worker: int = 0
+    held_at_broker_loss: int = 0
     taken_over: int = 0
     executed: int = 0
     executed_twice: int = 0
@@ -447,6 +452,7 @@ class Chaos:
         self.pg: Postgres | None = None
         self.pg_mode = ""
         self.redis: Redis | None = None
+        self.amqp_url = ""
         self.db_proxy: TcpProxy | None = None
         self.broker_proxy: TcpProxy | None = None
         self.db: Db | None = None
@@ -502,6 +508,7 @@ class Chaos:
             broker = self.redis.url
         else:
             amqp = os.environ.get("SB_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+            self.amqp_url = amqp
             parsed = sa.engine.make_url(amqp.replace("amqp://", "postgresql://", 1))
             self.broker_proxy = TcpProxy((parsed.host or "127.0.0.1", parsed.port or 5672))
             broker = amqp.replace(
@@ -520,6 +527,10 @@ class Chaos:
             "SB_QUEUE": self.queue,
         }
         self.worker_env = {**common, "SB_RECORD": str(self.record), "SB_TTL": "5"}
+        if self.redis is not None:
+            # what a worker held unacknowledged when a broker restart cut its
+            # connection comes back after this, not kombu's default hour
+            self.worker_env["SB_VISIBILITY"] = f"{VISIBILITY:g}"
         self.beat_env = {
             **common,
             "SB_ENTRIES": str(PROBES),
@@ -867,21 +878,29 @@ class Chaos:
     def db_windows(
         self, rows: dict[tuple[str, int], tuple[int, str, int, int, int | None]]
     ) -> list[DbWindow]:
-        claims = sorted((r[3], s[0]) for s, r in rows.items())
+        claims = sorted((r[3], s[0], r[2]) for s, r in rows.items())
         windows = []
         for fault in self.faults:
             if not fault.db_down or not fault.restored_us:
                 continue
-            after = claims[bisect_left(claims, (fault.restored_us, "")) :]
+            after = claims[bisect_left(claims, (fault.restored_us, "", 0)) :]
+            first = after[0][0] if after else None
+            # The first replica back plans every entry at once (the others' share
+            # FALLBACK_DELAY_US later): an entry's own first claim then, if it had
+            # slots due, says when exactly. A taken-over row keeps only the taker's
+            # claim time, so only first claims (fence 1) are read.
             recovered: dict[str, int] = {}
-            for claimed_us, entry in after:
-                recovered.setdefault(entry, claimed_us)
+            for claimed_us, entry, fence in after:
+                if first is not None and claimed_us > first + OUTAGE_EDGE_US:
+                    break
+                if fence == 1:
+                    recovered.setdefault(entry, claimed_us)
             windows.append(
                 DbWindow(
                     f"{fault.kind} at t+{(fault.start_us - self.started_us) / US:.1f}s",
                     fault.start_us - OUTAGE_BEFORE_US,
                     fault.restored_us,
-                    after[0][0] if after else None,
+                    first,
                     recovered,
                 )
             )
@@ -944,6 +963,8 @@ class Chaos:
                     proxy.close()
             if self.redis is not None:
                 self.redis.stop()
+            if self.amqp_url:
+                self._delete_amqp_queue()
             if self.db is not None:
                 if self.pg is None:
                     self.db.drop()  # the shared server: leave no tables behind
@@ -953,6 +974,18 @@ class Chaos:
                 self.pg.close(self.config.keep)
             if self.own_workdir and not self.config.keep:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _delete_amqp_queue(self) -> None:
+        """The shared RabbitMQ keeps durable queues: delete this run's."""
+        from kombu import Connection, Exchange, Queue
+
+        try:
+            with Connection(self.amqp_url) as conn:
+                channel = conn.channel()
+                Queue(self.queue, Exchange(self.queue), routing_key=self.queue)(channel).delete()
+                Exchange(self.queue)(channel).delete()
+        except Exception as exc:
+            print(f"chaos: deleting RabbitMQ queue {self.queue}: {exc}", file=sys.stderr)
 
     # -- the verdict ------------------------------------------------------------------
 
@@ -1008,6 +1041,9 @@ class Chaos:
         report.published = sum(n for s, n in published.items() if s[1] <= upto_ms)
         report.published_twice = sum(1 for s, n in published.items() if s[1] <= upto_ms and n > 1)
         report.dropped_by_worker = sum(len(DROPPED_LINE.findall(text)) for text in worker_logs)
+        report.held_at_broker_loss = sum(
+            int(m["n"]) for text in worker_logs for m in RESTORING_LINE.finditer(text)
+        )
         executed = {s for s in done if s[1] <= upto_us}
         report.executed = len(executed)
         twice = sorted(s for s in executed if len(done[s]) > 1)
@@ -1074,8 +1110,12 @@ class Chaos:
             report.worst_dispatch_any_s = round(max(d.dispatch_s for d in delays), 3)
             # one line per cause: the worst slot of each of the worst few faults
             seen: set[str] = set()
-            for d in sorted(delays, key=lambda d: -d.dispatch_s):
-                d.cause = self.cause(d.slot_us, d.dispatch_s, d.fence)
+
+            def longest(d: Delay) -> float:
+                return max(d.dispatch_s, d.executed_s or 0.0)
+
+            for d in sorted(delays, key=lambda d: -longest(d)):
+                d.cause = self.cause(d.slot_us, longest(d), d.fence)
                 if d.in_outage:
                     d.cause = "missed during a database outage, sent per policy; " + d.cause
                 if d.cause in seen:
@@ -1295,6 +1335,10 @@ def render(r: Report) -> str:
                 ("messages published (replicas' logs)", r.published),
                 ("slots published twice (same task id)", r.published_twice),
                 ("repeated deliveries dropped by workers", r.dropped_by_worker),
+                (
+                    "messages workers held when the broker went away (delivered again)",
+                    r.held_at_broker_loss,
+                ),
                 ("taken over (fence > 1)", r.taken_over),
                 ("executed", r.executed),
                 ("executed twice (must be 0)", r.executed_twice),
@@ -1317,7 +1361,7 @@ def render(r: Report) -> str:
                 "executed",
                 "claimed before it",
                 "on time at recovery",
-                "latest missed (entries)",
+                "coalesced: latest missed sent (entries that missed slots)",
                 "other missed",
                 "not executed",
             ],

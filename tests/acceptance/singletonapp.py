@@ -9,6 +9,8 @@ variables (one module serves every database, broker and pool):
   and one ``end`` line each, written with O_APPEND so concurrent processes do
   not interleave): what ran, where, when (wall clock of this host), with which
   fencing token and slot. Tests judge overlaps and counts from this file.
+* ``SB_VISIBILITY``: the Redis transport's ``visibility_timeout`` (seconds),
+  with kombu's check for messages to deliver again every second
 
 Task ``beatapp.probe`` has the name the beat replicas of ``beatapp`` send by,
 so a worker of this app executes what those beats send while the beats never
@@ -42,6 +44,17 @@ app.conf.update(
     # one message at a time per process: a test sees what it sent, in order
     worker_prefetch_multiplier=1,
 )
+if os.environ.get("SB_VISIBILITY"):
+    # Redis broker: a message a worker had taken but not acknowledged when its
+    # connection dropped (a broker restart) waits in the broker's unacked set
+    # until this many seconds have passed, then is delivered again; kombu looks
+    # for such messages every second. SingletonTask drops a second delivery of
+    # a slot, so a short timeout is safe here.
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["SB_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 
 
 def record(event: str, task: Any, **extra: Any) -> None:
