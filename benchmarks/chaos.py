@@ -100,6 +100,7 @@ from harness import (  # noqa: E402
 )
 
 from celery_singlebeat.slots import slot_task_id  # noqa: E402
+from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
 
 US = 1_000_000
 TASK = "singletonapp.slot_probe"
@@ -383,6 +384,8 @@ class Report:
     lost: int = 0
     lost_never_sent: int = 0
     unexpected: int = 0
+    #: claimed, published or executed more than 250 ms before the slot's instant
+    early: int = 0
     policy_windows: list[dict[str, Any]] = field(default_factory=list)
     #: outside database outages
     worst_dispatch_s: float = 0.0
@@ -399,7 +402,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return self.executed_twice == 0 and self.lost == 0 and self.unexpected == 0
+        return not (self.executed_twice or self.lost or self.unexpected or self.early)
 
 
 # -- expected slots -----------------------------------------------------------------
@@ -1097,6 +1100,22 @@ class Chaos:
                     in_window(slot) is not None,
                 )
             )
+        # Nothing may leave before its instant (250 ms: the claim's tolerance), on
+        # any replica's clock: claims read from first-claim rows, publishes and
+        # executions on the database's clock.
+        tolerance = EARLY_TOLERANCE_US / US
+        early = sorted(
+            {
+                slot
+                for slot, row in rows.items()
+                if row[2] == 1 and row[3] < slot[1] - EARLY_TOLERANCE_US
+            }
+            | {(d.entry, d.slot_us) for d in delays if d.dispatch_s < -tolerance}
+            | {s for s in executed if min(done[s]) < s[1] / US - tolerance}
+        )
+        report.early = len(early)
+        for s in early[:20]:
+            report.problems.append(f"claimed, sent or run early: {s[0]}@{s[1]} row {rows.get(s)}")
         outside = [d for d in delays if not d.in_outage]
         if outside:
             ordered = sorted(d.dispatch_s for d in outside)
@@ -1344,6 +1363,7 @@ def render(r: Report) -> str:
                 ("executed twice (must be 0)", r.executed_twice),
                 ("lost (must be 0)", r.lost),
                 ("executed at an instant that is no slot (must be 0)", r.unexpected),
+                ("claimed, sent or run > 250 ms before its instant (must be 0)", r.early),
                 (
                     f"{ROLL}: slots only its every-1-s version has, while versions were mixed",
                     f"{r.optional_executed} of {r.optional_due} executed (either is right)",

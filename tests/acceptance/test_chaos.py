@@ -60,6 +60,7 @@ def test_chaos_short_form(tmp_path: Path) -> None:
     assert report.executed_twice == 0, report.text
     assert report.lost == 0, report.text
     assert report.unexpected == 0, report.text
+    assert report.early == 0, report.text
     assert not report.problems, report.text
     assert report.due_required > 100 and report.executed >= report.due_required, report.text
     # the outage really left slots to the missed-run policy, and it sent some
