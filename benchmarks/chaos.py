@@ -386,6 +386,8 @@ class Report:
     unexpected: int = 0
     #: claimed, published or executed more than 250 ms before the slot's instant
     early: int = 0
+    #: slots a paused replica sent under a claim whose lease had run out
+    late_sends: int = 0
     policy_windows: list[dict[str, Any]] = field(default_factory=list)
     #: outside database outages
     worst_dispatch_s: float = 0.0
@@ -402,7 +404,9 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.executed_twice or self.lost or self.unexpected or self.early)
+        return not (
+            self.executed_twice or self.lost or self.unexpected or self.early or self.late_sends
+        )
 
 
 # -- expected slots -----------------------------------------------------------------
@@ -1167,6 +1171,7 @@ class Chaos:
                 )
         report.code_under_test = sorted(set(imported_from(self.record)))
         report.problems.extend(self.late_sends)
+        report.late_sends = len(self.late_sends)
         report.text = render(report)
         return report
 
@@ -1262,13 +1267,20 @@ class Chaos:
             runs = len(done.get(slot, []))
             by = names.get(owner, owner)
             if fault.mode == "claimed":
-                resent = fault.proc in senders[task_id]
-                fault.detail += (
-                    f"; its claim of {at} was taken over (fence {fence}) and sent by {by}; "
-                    f"resumed, it {'SENT IT TOO' if resent else 'did not send it'}; "
-                    f"executed {runs}x"
-                )
-                if resent:
+                log = next(text for proc, text in beat_logs if proc.name == fault.proc)
+                late = self.late_send(log, entry, task_id)
+                if by == fault.proc:
+                    # nobody swept it before the paused replica resumed: it released
+                    # the claim unsent and won it back with a new fence
+                    what = (
+                        f"nobody took its claim of {at} over before it resumed: it released "
+                        f"it unsent and took it back (fence {fence})"
+                    )
+                else:
+                    what = f"its claim of {at} was taken over (fence {fence}) and sent by {by}"
+                under = "IT SENT IT UNDER" if late else "nothing sent under"
+                fault.detail += f"; {what}; {under} the lapsed claim; executed {runs}x"
+                if late:
                     self.late_sends.append(f"{fault.proc} sent {at} after its lease ran out")
             else:
                 fault.detail += (
@@ -1276,6 +1288,22 @@ class Chaos:
                     f"{by} ({len(senders[task_id])} publishes); the worker dropped "
                     f"{dropped[task_id]} repeated delivery; executed {runs}x"
                 )
+
+    @staticmethod
+    def late_send(log: str, entry: str, task_id: str) -> bool:
+        """True when a replica that stopped right after claiming ``task_id`` sent
+        it afterwards without winning it again first (a "took back"/"took over"
+        line of that task id between the stop and the send)."""
+        stop = log.find(f"SB-STOPPING {entry} {task_id}")
+        retaken = False
+        for line in log[stop:].splitlines()[1:]:
+            if task_id not in line:
+                continue
+            if " took back slot " in line or " took over slot " in line:
+                retaken = True
+            elif SENT_LINE.search(line) and not retaken:
+                return True
+        return False
 
     def cause(self, slot_us: int, delay_s: float, fence: int) -> str:
         """The faults in force between a slot's instant and its send. A fault
