@@ -1282,11 +1282,18 @@ class Chaos:
                 fault.detail += f"; {what}; {under} the lapsed claim; executed {runs}x"
                 if late:
                     self.late_sends.append(f"{fault.proc} sent {at} after its lease ran out")
+            elif by == fault.proc:
+                # no sweep came by between the end of its lease and its resumption
+                fault.detail += (
+                    f"; it had published {at}; nobody took it over before it resumed, and "
+                    f"it confirmed its publish (fence {fence}); "
+                    f"{len(senders[task_id])} publish(es); executed {runs}x"
+                )
             else:
                 fault.detail += (
                     f"; it had published {at}: taken over (fence {fence}), published again by "
                     f"{by} ({len(senders[task_id])} publishes); the worker dropped "
-                    f"{dropped[task_id]} repeated delivery; executed {runs}x"
+                    f"{dropped[task_id]} repeated deliveries; executed {runs}x"
                 )
 
     @staticmethod
