@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick clean
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,11 @@ bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py --quick
 	$(BIN)/python benchmarks/bench_scale.py --quick
 	$(BIN)/python benchmarks/bench_singleton.py --quick
+
+# 5 beat replicas, 2 workers, own PostgreSQL and Redis, 10 minutes of seeded faults
+# (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.
+chaos: $(STAMP)
+	$(BIN)/python benchmarks/chaos.py --duration 600 --seed 1 --json benchmarks/results/chaos-latest.json
 
 clean:
 	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info

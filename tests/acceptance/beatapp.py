@@ -14,7 +14,17 @@ database and broker:
 * ``SB_STOP_ON``: ``claimed`` or ``published``: stop this process (SIGSTOP) at
   that point of the first slot it wins, so a test can resume (or kill) it later.
   With ``SB_STOP_ARM=usr2`` that is the first slot won after the process gets
-  SIGUSR2, so a test can pick the replica when it is already running.
+  SIGUSR2, so a test can pick the replica when it is already running; each
+  SIGUSR2 arms it again (once resumed, the next SIGUSR2 stops it once more),
+  and SIGUSR1 disarms it.
+* ``SB_TASK``: the task name every entry sends (default ``beatapp.probe``); the
+  chaos run sends ``singletonapp.slot_probe``, one singleton key per entry
+* ``SB_CRON``: ``1`` adds three crontab entries: ``cron-0`` every minute,
+  ``cron-1`` every 2 minutes, ``cron-2`` at minutes ``*/7`` of Asia/Kolkata
+  (UTC+5:30, so not the UTC minutes ``*/7``: the crontab's own ``tz``)
+* ``SB_ROLL``: ``1`` or ``2`` adds entry ``roll-0``, every 2 s (version 1) or
+  every 1 s (version 2) of the same entry: replicas with different values run
+  two versions of one ``beat_schedule`` side by side, as in a rolling deploy
 """
 
 from __future__ import annotations
@@ -32,10 +42,11 @@ app = Celery("beatapp", broker=os.environ.get("SB_BROKER", "memory://"))
 entries = int(os.environ.get("SB_ENTRIES", "5"))
 every = float(os.environ.get("SB_EVERY", "1"))
 queue = os.environ.get("SB_QUEUE", "celery")
+task_name = os.environ.get("SB_TASK", "beatapp.probe")
 
 schedule: dict[str, dict[str, Any]] = {
     f"probe-{i}": {
-        "task": "beatapp.probe",
+        "task": task_name,
         "schedule": timedelta(seconds=every),
         "args": (i,),
     }
@@ -44,10 +55,26 @@ schedule: dict[str, dict[str, Any]] = {
 if os.environ.get("SB_SLOW"):
     slow_every, slow_grace = (float(part) for part in os.environ["SB_SLOW"].split(":"))
     schedule["slow-0"] = {
-        "task": "beatapp.probe",
+        "task": task_name,
         "schedule": timedelta(seconds=slow_every),
         "args": (-1,),
         "options": {"singlebeat_missed_grace": slow_grace},
+    }
+if os.environ.get("SB_CRON") == "1":
+    from zoneinfo import ZoneInfo
+
+    from celery.schedules import crontab
+
+    kolkata = crontab(minute="*/7")
+    kolkata.tz = ZoneInfo("Asia/Kolkata")
+    for j, cron in enumerate((crontab(minute="*"), crontab(minute="*/2"), kolkata)):
+        schedule[f"cron-{j}"] = {"task": task_name, "schedule": cron, "args": (1000 + j,)}
+if os.environ.get("SB_ROLL"):
+    roll_every = {"1": 2.0, "2": 1.0}[os.environ["SB_ROLL"]]
+    schedule["roll-0"] = {
+        "task": task_name,
+        "schedule": timedelta(seconds=roll_every),
+        "args": (2000,),
     }
 
 app.conf.update(
@@ -77,12 +104,19 @@ _armed = os.environ.get("SB_STOP_ARM") != "usr2"
 
 
 def _arm(signum: int, frame: object) -> None:
-    global _armed
+    global _armed, _stopped
     _armed = True
+    _stopped = False
+
+
+def _disarm(signum: int, frame: object) -> None:
+    global _armed
+    _armed = False
 
 
 if not _armed:
     signal.signal(signal.SIGUSR2, _arm)
+    signal.signal(signal.SIGUSR1, _disarm)
 
 
 def _stop(**details: object) -> None:

@@ -1,0 +1,1509 @@
+#!/usr/bin/env python3
+"""Chaos run: a real topology on this machine, faults on a seeded random schedule.
+
+Topology (every process real, started here):
+
+* 5 ``celery beat`` replicas of ``tests/acceptance/beatapp.py``: 5 interval
+  entries every 1 s (``probe-0..4``), 3 crontab entries (``cron-0`` every
+  minute, ``cron-1`` every 2 minutes, ``cron-2`` at minutes ``*/7`` of
+  Asia/Kolkata) and ``roll-0`` (every 2 s in schedule version 1, every 1 s in
+  version 2); replicas 3 and 4 run under libfaketime, 90 s ahead and 90 s
+  behind (``LD_PRELOAD`` into the real beat process);
+* 2 ``celery worker`` processes (prefork, 2 children each) of
+  ``tests/acceptance/singletonapp.py``: every entry sends
+  ``singletonapp.slot_probe``, a SingletonTask (one key per entry) that appends
+  each execution, with its slot, to a record file;
+* a PostgreSQL cluster of this run's own (``initdb`` in a temporary folder,
+  so it can really be restarted), reached by every beat and worker through a
+  TCP proxy that can cut it off; the harness reads the tables directly;
+* a Redis server of this run's own (AOF on, ``appendfsync always``) as the
+  broker, really stopped and started again; ``--broker rabbitmq`` uses the
+  RabbitMQ on 127.0.0.1:5672 behind a TCP proxy instead (its restart is then
+  simulated: every connection cut, new ones refused, for a few seconds).
+
+Faults, one at a time in each of two lanes that run side by side (so faults
+of different lanes overlap), in a random order and at random gaps drawn from
+``--seed``; every kind runs at least once, then more are drawn until
+``--duration`` is used up:
+
+* replicas lane: SIGKILL of a replica, then a restart; a pause (SIGSTOP) of a
+  replica for longer than the claim lease, then SIGCONT, taken at a random
+  moment, right after the replica claimed a slot, or right after it published
+  one (before its confirm); a rolling restart of all 5 replicas to the other
+  ``beat_schedule`` version of ``roll-0``;
+* infrastructure lane: a PostgreSQL restart (``pg_ctl restart -m fast``), a
+  PostgreSQL outage of ``--outage`` seconds (the proxy refuses and cuts every
+  connection), a broker restart.
+
+Judged from outside, once every process has stopped: the slots due come from
+the database (each entry's anchor + k * period; crontab instants in the
+crontab's zone), executions from the workers' record file, sends from the slot
+rows and the replicas' logs. A slot executed more than once, or an expected
+slot never executed outside a full database outage, fails the run; for slots
+that fell due while the database was away the report says what the missed-run
+policy (coalesce) did.
+
+Usage::
+
+    python benchmarks/chaos.py --duration 600 --seed 1      # the long form, ~12 min
+    python benchmarks/chaos.py --duration 60 --seed 7 --lease 5   # what make test runs
+
+Exit status 0 when nothing executed twice and nothing was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ACCEPTANCE = ROOT / "tests" / "acceptance"
+# this checkout's package and the acceptance harness, whatever the venv has installed
+sys.path[:0] = [str(ROOT), str(ACCEPTANCE)]
+
+import sqlalchemy as sa  # noqa: E402
+from harness import (  # noqa: E402
+    DROPPED_LINE,
+    SENT_LINE,
+    BeatGroup,
+    BeatProcess,
+    Db,
+    TcpProxy,
+    imported_from,
+    read_executions,
+    run_rows,
+    wait_for,
+    worker_ready,
+)
+
+from celery_singlebeat.slots import slot_task_id  # noqa: E402
+from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
+
+US = 1_000_000
+TASK = "singletonapp.slot_probe"
+PROBES = 5
+#: the missed-run grace every replica runs with (SB_GRACE)
+GRACE_US = 5 * US
+#: crontab entries of beatapp (SB_CRON=1): minute step and zone
+CRONS = {"cron-0": (1, "UTC"), "cron-1": (2, "UTC"), "cron-2": (7, "Asia/Kolkata")}
+ROLL = "roll-0"
+ROLL_PERIOD_US = {"1": 2 * US, "2": US}
+#: replicas whose clocks are wrong (libfaketime FAKETIME values), by index
+SKEWS = {3: "+90s", 4: "-90s"}
+#: a slot due this long before a database outage began may not have been
+#: claimed yet when it began (a tick's work, a replica busy or paused)
+OUTAGE_BEFORE_US = US
+#: the first claim after an outage plans with an estimate of the database's
+#: clock made a moment before it: a slot this close to the grace edge may go
+#: either way
+OUTAGE_EDGE_US = US // 2
+#: the Redis transport's visibility timeout in the workers (SB_VISIBILITY)
+VISIBILITY = 20.0
+#: a worker that lost its broker connection puts back what it held
+RESTORING_LINE = re.compile(r"Restoring (?P<n>\d+) unacknowledged message")
+#: a rolling restart's new version proposes its slots once this long after the
+#: last replica came up with it
+ROLL_SETTLE_US = US
+OFFSET_LINE = re.compile(r"database clock offset (?P<ms>[+-][\d.]+) ms")
+#: a publish as a replica logs it, with the log line's time (the replica's clock)
+SENT_AT = re.compile(
+    r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): INFO/MainProcess\] " + SENT_LINE.pattern, re.M
+)
+STOPPING_LINE = re.compile(r"SB-STOPPING (?P<entry>\S+) (?P<task_id>[0-9a-f-]{36})")
+
+
+def now_us() -> int:
+    """This host's clock; the database runs here, so it is the database's clock."""
+    return int(time.time() * US)
+
+
+def iso_ms(text: str) -> int:
+    """Milliseconds since the epoch of an instant as the scheduler logs it."""
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return round(when.timestamp() * 1000)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def libfaketime() -> str | None:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
+
+
+# -- services of this run's own ------------------------------------------------
+
+
+class Postgres:
+    """A PostgreSQL cluster of this run's own, so that it can be restarted."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb")
+        self.bindir = Path(found[-1]).parent
+        # its own folder under /tmp: the postgres user must be able to reach it
+        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.version = ""
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *command: str, timeout: float = 120) -> str:
+        argv = [str(self.bindir / command[0]), *command[1:]]
+        if os.geteuid() == 0:  # initdb refuses root
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def _ctl(self, action: str, *extra: str) -> None:
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl", action, "-D", str(self.data), "-l", str(self.dir / "server.log"),
+            "-w", "-t", "60", "-o", options, *extra,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(
+            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "--no-sync",
+        )  # fmt: skip
+        self._ctl("start")
+        self.version = self._run("postgres", "--version").strip()
+
+    def restart(self) -> None:
+        self._ctl("restart", "-m", "fast")
+
+    def close(self, keep: bool) -> None:
+        try:
+            self._ctl("stop", "-m", "immediate")
+        except Exception as exc:
+            print(f"chaos: stopping PostgreSQL: {exc}", file=sys.stderr)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Redis:
+    """A Redis server of this run's own: a broker that can really be restarted.
+    AOF with ``appendfsync always``: a restart keeps what was queued."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.binary = binary
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
+                "--save", "", "--logfile", str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(lambda: port_open(self.port), 30, "redis-server to listen")
+
+    def stop(self) -> None:
+        """SIGTERM: Redis finishes its AOF and exits, as a restart would."""
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def version(self) -> str:
+        done = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
+        return done.stdout.strip()
+
+
+# -- the run's record ----------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    """One injected fault, on the database's clock (this host's)."""
+
+    kind: str
+    target: str
+    detail: str
+    start_us: int
+    end_us: int = 0
+    #: the database was unreachable for everyone from start_us to restored_us
+    db_down: bool = False
+    restored_us: int = 0
+    #: a pause: the incarnation, and the slot it stopped on (entry, task id)
+    proc: str = ""
+    slot: tuple[str, str] | None = None
+    mode: str = ""
+
+
+@dataclass
+class Replica:
+    index: int
+    stop_on: str
+    skew: str | None
+    version: str = "1"
+    proc: BeatProcess | None = None
+    incarnations: list[BeatProcess] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"r{self.index}"
+
+
+@dataclass
+class Config:
+    duration: float = 600.0
+    seed: int = 1
+    lease: float = 15.0
+    outage: float = 30.0
+    replicas: int = 5
+    workers: int = 2
+    broker: str = "redis"
+    workdir: Path | None = None
+    keep: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class DbWindow:
+    """Slots that fell due while the database was away: the missed-run policy's."""
+
+    fault: str
+    start_us: int
+    restored_us: int
+    #: the first claim after the database was back, of any entry and per entry:
+    #: when the replica that made it planned what was missed
+    recovered_us: int | None
+    recovered: dict[str, int]
+    #: the slots due inside it
+    slots: list[tuple[str, int]] = field(default_factory=list)
+
+    def recovery(self, entry: str) -> int | None:
+        return self.recovered.get(entry, self.recovered_us)
+
+    def contains(self, slot: tuple[str, int]) -> bool:
+        """Due after the outage began, and more than the grace before its
+        entry's first claim after it (give or take OUTAGE_EDGE_US)."""
+        recovered = self.recovery(slot[0])
+        end = 2**62 if recovered is None else recovered - GRACE_US + OUTAGE_EDGE_US
+        return self.start_us <= slot[1] <= end
+
+
+@dataclass
+class Delay:
+    entry: str
+    slot_us: int
+    dispatch_s: float
+    executed_s: float | None
+    fence: int
+    sender: str
+    cause: str
+    in_outage: bool = False
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    machine: dict[str, str]
+    started: str
+    wall_s: float
+    window_s: float
+    faults: list[dict[str, Any]]
+    due: int = 0
+    due_required: int = 0
+    optional_due: int = 0
+    optional_executed: int = 0
+    sent: int = 0
+    published: int = 0
+    published_twice: int = 0
+    dropped_by_worker: int = 0
+    held_at_broker_loss: int = 0
+    taken_over: int = 0
+    executed: int = 0
+    executed_twice: int = 0
+    lost: int = 0
+    lost_never_sent: int = 0
+    unexpected: int = 0
+    #: claimed, published or executed more than 250 ms before the slot's instant
+    early: int = 0
+    #: slots a paused replica sent under a claim whose lease had run out
+    late_sends: int = 0
+    policy_windows: list[dict[str, Any]] = field(default_factory=list)
+    #: outside database outages
+    worst_dispatch_s: float = 0.0
+    #: including slots the missed-run policy sent after an outage
+    worst_dispatch_any_s: float = 0.0
+    p50_dispatch_s: float = 0.0
+    p99_dispatch_s: float = 0.0
+    worst_execution_s: float = 0.0
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    clock_offsets: dict[str, str] = field(default_factory=dict)
+    code_under_test: list[str] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.executed_twice or self.lost or self.unexpected or self.early or self.late_sends
+        )
+
+
+# -- expected slots -----------------------------------------------------------------
+
+
+def interval(anchor_us: int, period_us: int, upto_us: int) -> list[int]:
+    count = max(0, (upto_us - anchor_us) // period_us)
+    return [anchor_us + k * period_us for k in range(1, count + 1)]
+
+
+def cron_instants(step: int, zone: str, after_us: int, upto_us: int) -> list[int]:
+    """Whole minutes in (after, upto] whose minute, on the zone's wall clock, is
+    a multiple of ``step`` (what ``crontab(minute="*/step")`` matches)."""
+    tz = ZoneInfo(zone)
+    out = []
+    minute = (after_us // (60 * US) + 1) * 60
+    while minute * US <= upto_us:
+        wall = datetime.fromtimestamp(minute, tz)
+        if wall.minute % step == 0:
+            out.append(minute * US)
+        minute += 60
+    return out
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+class Chaos:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.lease_us = int(config.lease * US)
+        self.rng_replicas = random.Random(f"{config.seed}-replicas")
+        self.rng_infra = random.Random(f"{config.seed}-infra")
+        self.own_workdir = config.workdir is None
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="chaos-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.group = BeatGroup(self.workdir)
+        self.record = self.workdir / "record.jsonl"
+        self.prefix = f"chaos{uuid.uuid4().hex[:8]}_"
+        self.queue = f"chaos-{uuid.uuid4().hex[:12]}"
+        self.faults: list[Fault] = []
+        self.lock = threading.Lock()
+        self.abort = threading.Event()
+        self.errors: list[str] = []
+        self.replicas: list[Replica] = []
+        self.workers: list[BeatProcess] = []
+        self.version = "1"
+        #: periods in which every replica ran one schedule version: (version, from, to)
+        self.uniform: list[list[Any]] = []
+        self.pg: Postgres | None = None
+        self.pg_mode = ""
+        self.redis: Redis | None = None
+        self.amqp_url = ""
+        self.db_proxy: TcpProxy | None = None
+        self.broker_proxy: TcpProxy | None = None
+        self.db: Db | None = None
+        self.started_us = 0
+        self.t0 = time.monotonic()
+        self.faketime = libfaketime()
+        self.machine: dict[str, str] = {}
+        #: a resumed replica that sent a slot it had lost (its pause was longer than the lease)
+        self.late_sends: list[str] = []
+        #: incarnations that a fault killed or stopped
+        self.replacing: set[str] = set()
+
+    # -- output ---------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        if not self.config.quiet:
+            print(f"[{time.monotonic() - self.t0:7.1f}s] {message}", flush=True)
+
+    # -- set-up ---------------------------------------------------------------
+
+    def setup(self) -> None:
+        if self.faketime is None:
+            raise RuntimeError("libfaketime is not installed (apt-get install faketime)")
+        try:
+            self.pg = Postgres()
+            self.pg.start()
+            target = ("127.0.0.1", self.pg.port)
+            db_url = self.pg.url
+            self.pg_mode = "real: pg_ctl restart -m fast of this run's own cluster"
+        except (RuntimeError, OSError) as exc:
+            # No PostgreSQL binaries (or no postgres user): the shared server, and
+            # a restart simulated by the proxy (every connection reset, ~1 s refused).
+            self.say(f"no private PostgreSQL cluster ({exc}); using SB_TEST_PG")
+            if self.pg is not None:
+                self.pg.close(keep=False)
+            self.pg = None
+            db_url = os.environ.get(
+                "SB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+            )
+            parsed = sa.engine.make_url(db_url)
+            target = (parsed.host or "127.0.0.1", parsed.port or 5432)
+            self.pg_mode = "simulated: proxy resets every connection and refuses new ones for 1 s"
+        self.db_proxy = TcpProxy(target)
+        proxied = (
+            sa.engine.make_url(db_url)
+            .set(host="127.0.0.1", port=self.db_proxy.port)
+            .render_as_string(hide_password=False)
+        )
+        self.db = Db(db_url, self.prefix)
+        if self.config.broker == "redis":
+            self.redis = Redis(self.workdir)
+            self.redis.start()
+            broker = self.redis.url
+        else:
+            amqp = os.environ.get("SB_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+            self.amqp_url = amqp
+            parsed = sa.engine.make_url(amqp.replace("amqp://", "postgresql://", 1))
+            self.broker_proxy = TcpProxy((parsed.host or "127.0.0.1", parsed.port or 5672))
+            broker = amqp.replace(
+                f"@{parsed.host}:{parsed.port}", f"@127.0.0.1:{self.broker_proxy.port}", 1
+            )
+        self.machine = machine_info(self)
+        # Subprocesses import this checkout's celery_singlebeat, whatever the venv has.
+        pythonpath = os.pathsep.join(
+            p for p in (str(ACCEPTANCE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        common = {
+            "PYTHONPATH": pythonpath,
+            "SB_BROKER": broker,
+            "SB_URL": proxied,
+            "SB_PREFIX": self.prefix,
+            "SB_QUEUE": self.queue,
+        }
+        self.worker_env = {**common, "SB_RECORD": str(self.record), "SB_TTL": "5"}
+        if self.redis is not None:
+            # what a worker held unacknowledged when a broker restart cut its
+            # connection comes back after this, not kombu's default hour
+            self.worker_env["SB_VISIBILITY"] = f"{VISIBILITY:g}"
+        self.beat_env = {
+            **common,
+            "SB_ENTRIES": str(PROBES),
+            "SB_EVERY": "1",
+            "SB_LEASE": f"{self.config.lease:g}",
+            "SB_LOOP": "1",
+            "SB_POLICY": "coalesce",
+            "SB_GRACE": f"{GRACE_US / US:g}",
+            "SB_TASK": TASK,
+            "SB_CRON": "1",
+            "SB_STOP_ARM": "usr2",
+        }
+        self.say(
+            f"workdir {self.workdir}; PostgreSQL {'private' if self.pg else 'shared'} "
+            f"via proxy :{self.db_proxy.port}; broker {broker}"
+        )
+        for i in range(self.config.workers):
+            self.workers.append(
+                self.group.start_worker(
+                    self.worker_env, f"worker-{i}", app="singletonapp", concurrency=2
+                )
+            )
+        wait_for(
+            lambda: all(worker_ready(w) for w in self.workers), 90, "workers ready", interval=0.3
+        )
+        self._where(broker)
+        self.started_us = now_us()
+        self.uniform.append(["1", self.started_us, None])
+        for i in range(self.config.replicas):
+            replica = Replica(i, ("claimed", "published")[i % 2], SKEWS.get(i))
+            self.replicas.append(replica)
+            self.start_replica(replica)
+        for replica in self.replicas:
+            self.wait_connected(replica, 90)
+        self.say("every replica connected")
+
+    def _where(self, broker: str) -> None:
+        """Ask a worker which celery_singlebeat it imported (recorded in SB_RECORD)."""
+        from celery import Celery
+
+        app = Celery("chaos-sender", broker=broker)
+        app.conf.broker_connection_retry_on_startup = True
+        try:
+            app.send_task(
+                "singletonapp.where", queue=self.queue, exchange=self.queue, routing_key=self.queue
+            )
+        finally:
+            app.close()
+
+    def start_replica(self, replica: Replica) -> BeatProcess:
+        env = {**self.beat_env, "SB_ROLL": replica.version, "SB_STOP_ON": replica.stop_on}
+        if replica.skew:
+            env.update(LD_PRELOAD=str(self.faketime), FAKETIME=replica.skew)
+        proc = self.group.start_beat(env, f"{replica.name}.{len(replica.incarnations) + 1}")
+        replica.proc = proc
+        replica.incarnations.append(proc)
+        return proc
+
+    def wait_connected(self, replica: Replica, timeout: float) -> bool:
+        proc = replica.proc
+        assert proc is not None
+        try:
+            wait_for(
+                lambda: "connected to" in proc.log() or not proc.alive(),
+                timeout,
+                f"{proc.name} to connect",
+                interval=0.2,
+            )
+        except AssertionError:
+            return False
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+        return True
+
+    # -- faults -----------------------------------------------------------------
+
+    def _fault(self, kind: str, target: str, detail: str = "", **kw: Any) -> Fault:
+        fault = Fault(kind, target, detail, now_us(), **kw)
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def _sleep(self, seconds: float) -> None:
+        if self.abort.wait(max(0.0, seconds)):
+            raise RuntimeError("aborted")
+
+    def kill(self, rng: random.Random) -> None:
+        replica = rng.choice(self.replicas)
+        down = rng.uniform(1.0, 5.0)
+        assert replica.proc is not None
+        fault = self._fault("kill", replica.name, f"SIGKILL, restarted {down:.1f}s later")
+        self.say(f"fault: SIGKILL {replica.proc.name}")
+        self.replacing.add(replica.proc.name)
+        replica.proc.kill()
+        self._sleep(down)
+        self.start_replica(replica)
+        self.wait_connected(replica, self.config.outage + 60)
+        fault.end_us = now_us()
+
+    def pause(self, rng: random.Random, mode: str | None = None) -> None:
+        """SIGSTOP for longer than the lease, then SIGCONT. ``mode``: ``claimed``
+        or ``published``: the replica stops itself right after it next claims
+        (publishes) a slot (beatapp's SB_STOP_ON, armed by SIGUSR2); ``anywhere``:
+        a SIGSTOP at a random moment."""
+        mode = mode or rng.choice(["anywhere", "claimed", "published"])
+        hold = self.config.lease + rng.uniform(1.0, 4.0)
+        pool = [r for r in self.replicas if mode == "anywhere" or r.stop_on == mode]
+        replica = rng.choice(pool)
+        proc = replica.proc
+        assert proc is not None
+        fault = self._fault("pause", replica.name)
+        fault.proc = proc.name
+        if mode == "anywhere":
+            proc.signal(signal.SIGSTOP)
+            how = "SIGSTOP at a random moment"
+        else:
+            before = len(STOPPING_LINE.findall(proc.log()))
+            proc.signal(signal.SIGUSR2)
+            how = f"stopped itself right after it {mode} a slot"
+            # it wins nothing while the database is away: wait that out too
+            patience = self.config.outage + 15
+            try:
+                wait_for(lambda: proc.state() == "T", patience, "the armed replica to stop", 0.02)
+            except AssertionError:
+                proc.signal(signal.SIGUSR1)  # disarm; it may have stopped meanwhile
+                time.sleep(0.3)
+                if proc.state() != "T":
+                    proc.signal(signal.SIGSTOP)
+                    how = f"won nothing in {patience:g} s (armed: {mode}); SIGSTOP instead"
+            stops = STOPPING_LINE.findall(proc.log())
+            if len(stops) > before:
+                fault.slot = stops[-1]
+                fault.mode = mode
+        stopped = time.monotonic()
+        fault.start_us = now_us()
+        self.say(f"fault: pause {proc.name} ({how}) for {hold:.1f}s")
+        self._sleep(stopped + hold - time.monotonic())
+        proc.signal(signal.SIGCONT)
+        fault.end_us = now_us()
+        fault.detail = f"{how}; SIGCONT after {hold:.1f}s (lease {self.config.lease:g}s)"
+
+    def pause_claimed(self, rng: random.Random) -> None:
+        self.pause(rng, "claimed")
+
+    def pause_published(self, rng: random.Random) -> None:
+        self.pause(rng, "published")
+
+    def rolling(self, rng: random.Random) -> None:
+        old, new = self.version, "2" if self.version == "1" else "1"
+        order = list(self.replicas)
+        rng.shuffle(order)
+        fault = self._fault(
+            "rolling restart",
+            "all",
+            f"{ROLL} v{old} -> v{new} (every {ROLL_PERIOD_US[old] / US:g}s -> "
+            f"{ROLL_PERIOD_US[new] / US:g}s), order {' '.join(r.name for r in order)}",
+        )
+        self.uniform[-1][2] = fault.start_us
+        self.say(f"fault: rolling restart to v{new}")
+        for replica in order:
+            assert replica.proc is not None
+            self.replacing.add(replica.proc.name)
+            replica.proc.stop(15)
+            replica.version = new
+            self.start_replica(replica)
+            self.wait_connected(replica, self.config.outage + 60)
+        self.version = new
+        fault.end_us = now_us()
+        self.uniform.append([new, fault.end_us, None])
+
+    def pg_restart(self, rng: random.Random) -> None:
+        assert self.db_proxy is not None
+        fault = self._fault("postgres restart", "database", self.pg_mode, db_down=True)
+        self.say("fault: PostgreSQL restart")
+        if self.pg is not None:
+            self.pg.restart()
+        else:
+            self.db_proxy.cut()
+            self._sleep(1.0)
+            self.db_proxy.restore()
+        fault.restored_us = fault.end_us = now_us()
+
+    def pg_outage(self, rng: random.Random) -> None:
+        assert self.db_proxy is not None
+        fault = self._fault(
+            "postgres outage",
+            "database",
+            f"{self.config.outage:g}s: the proxy resets every connection and refuses new ones",
+            db_down=True,
+        )
+        self.say(f"fault: PostgreSQL outage of {self.config.outage:g}s")
+        self.db_proxy.cut()
+        try:
+            self._sleep(self.config.outage)
+        finally:
+            self.db_proxy.restore()
+        fault.restored_us = fault.end_us = now_us()
+
+    def broker_restart(self, rng: random.Random) -> None:
+        down = rng.uniform(1.0, 4.0)
+        if self.redis is not None:
+            fault = self._fault(
+                "broker restart", "redis", f"SIGTERM, started again {down:.1f}s later"
+            )
+            self.say("fault: broker restart")
+            self.redis.stop()
+            self._sleep(down)
+            self.redis.start()
+        else:
+            assert self.broker_proxy is not None
+            fault = self._fault(
+                "broker restart",
+                "rabbitmq",
+                f"simulated: every connection reset, new ones refused for {down:.1f}s",
+            )
+            self.broker_proxy.cut()
+            self._sleep(down)
+            self.broker_proxy.restore()
+        fault.end_us = now_us()
+
+    # -- the schedule -------------------------------------------------------------
+
+    def _estimate(self, kind: str) -> float:
+        lease, outage = self.config.lease, self.config.outage
+        return {
+            "kill": 10.0,
+            "pause": lease + 8.0,
+            "pause_claimed": lease + 10.0,
+            "pause_published": lease + 10.0,
+            "rolling": 40.0,
+            "pg_restart": 5.0,
+            "pg_outage": outage + 12.0,
+            "broker_restart": 8.0,
+        }[kind]
+
+    def lane(
+        self, rng: random.Random, first: list[str], weights: dict[str, float], end: float
+    ) -> None:
+        """Every kind of ``first`` once (shuffled), then kinds drawn by weight
+        while time allows."""
+        first = list(first)
+        rng.shuffle(first)
+        try:
+            while not self.abort.is_set():
+                gap = rng.uniform(2.0, 6.0) if first else rng.uniform(4.0, 25.0)
+                if first:
+                    kind = first.pop(0)
+                else:
+                    kind = rng.choices(list(weights), list(weights.values()))[0]
+                    if time.monotonic() + gap + self._estimate(kind) > end:
+                        return
+                self._sleep(gap)
+                getattr(self, kind)(rng)
+        except Exception as exc:
+            if not self.abort.is_set():
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.abort.set()
+
+    def run_faults(self) -> None:
+        end = time.monotonic() + self.config.duration
+        lanes = [
+            threading.Thread(
+                target=self.lane,
+                args=(
+                    self.rng_replicas,
+                    ["kill", "pause_claimed", "pause_published", "rolling"],
+                    {"kill": 3.0, "pause": 3.0, "rolling": 1.0},
+                    end,
+                ),
+                name="lane-replicas",
+            ),
+            threading.Thread(
+                target=self.lane,
+                args=(
+                    self.rng_infra,
+                    ["pg_restart", "pg_outage", "broker_restart"],
+                    {"pg_restart": 2.0, "broker_restart": 2.0, "pg_outage": 0.6},
+                    end,
+                ),
+                name="lane-infra",
+            ),
+        ]
+        for lane in lanes:
+            lane.start()
+        while any(lane.is_alive() for lane in lanes):
+            for lane in lanes:
+                lane.join(0.5)
+            dead = [r.proc.name for r in self.replicas if r.proc is not None and not r.proc.alive()]
+            dead += [w.name for w in self.workers if not w.alive()]
+            # a replica killed or stopped by a fault did not exit by itself
+            dead = [d for d in dead if d not in self.replacing]
+            if dead and not self.abort.is_set():
+                self.errors.append(f"process exited by itself: {', '.join(dead)}")
+                self.abort.set()
+        if self.errors:
+            raise RuntimeError("; ".join(self.errors))
+
+    # -- reading the outcome ---------------------------------------------------------
+
+    def slot_rows(self) -> dict[tuple[str, int], tuple[int, str, int, int, int | None]]:
+        """(entry, slot) -> (state, owner, fence, claimed_us, sent_us), read directly."""
+        assert self.db is not None
+        s = self.db.tables.slots
+        query = sa.select(s.c.entry, s.c.slot_us, s.c.state, s.c.owner, s.c.fence, s.c.claimed_us)
+        with self.db.engine.connect() as conn:
+            rows = conn.execute(query.add_columns(s.c.sent_us)).all()
+        return {
+            (r[0], int(r[1])): (int(r[2]), r[3], int(r[4]), int(r[5]), r[6] and int(r[6]))
+            for r in rows
+        }
+
+    def executions(self) -> dict[tuple[str, int], list[float]]:
+        out: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for ex in read_executions(self.record):
+            if ex.task == TASK and ex.slot is not None:
+                out[ex.slot].append(ex.start)
+        return out
+
+    def expected(self, upto_us: int) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+        """(required, optional) slots up to ``upto_us``. Optional: ``roll-0``'s
+        slots of the more frequent version while the versions were mixed."""
+        assert self.db is not None
+        anchors = self.db.anchors()
+        required: set[tuple[str, int]] = set()
+        optional: set[tuple[str, int]] = set()
+        for name, anchor in anchors.items():
+            if name.startswith("probe-"):
+                required.update((name, s) for s in interval(anchor, US, upto_us))
+            elif name in CRONS:
+                step, zone = CRONS[name]
+                required.update((name, s) for s in cron_instants(step, zone, anchor, upto_us))
+            elif name == ROLL:
+                every_2 = set(interval(anchor, ROLL_PERIOD_US["1"], upto_us))
+                required.update((name, s) for s in every_2)
+                for s in interval(anchor, ROLL_PERIOD_US["2"], upto_us):
+                    if s in every_2:
+                        continue
+                    only_v2 = any(
+                        version == "2" and start + ROLL_SETTLE_US <= s <= (end or upto_us)
+                        for version, start, end in self.uniform
+                    )
+                    (required if only_v2 else optional).add((name, s))
+        return required, optional
+
+    def db_windows(
+        self, rows: dict[tuple[str, int], tuple[int, str, int, int, int | None]]
+    ) -> list[DbWindow]:
+        claims = sorted((r[3], s[0], r[2]) for s, r in rows.items())
+        windows = []
+        for fault in self.faults:
+            if not fault.db_down or not fault.restored_us:
+                continue
+            after = claims[bisect_left(claims, (fault.restored_us, "", 0)) :]
+            first = after[0][0] if after else None
+            # The first replica back plans every entry at once (the others' share
+            # FALLBACK_DELAY_US later): an entry's own first claim then, if it had
+            # slots due, says when exactly. A taken-over row keeps only the taker's
+            # claim time, so only first claims (fence 1) are read.
+            recovered: dict[str, int] = {}
+            for claimed_us, entry, fence in after:
+                if first is not None and claimed_us > first + OUTAGE_EDGE_US:
+                    break
+                if fence == 1:
+                    recovered.setdefault(entry, claimed_us)
+            windows.append(
+                DbWindow(
+                    f"{fault.kind} at t+{(fault.start_us - self.started_us) / US:.1f}s",
+                    fault.start_us - OUTAGE_BEFORE_US,
+                    fault.restored_us,
+                    first,
+                    recovered,
+                )
+            )
+        return windows
+
+    def missing(self, upto_us: int) -> int:
+        """Required slots up to ``upto_us`` not executed yet (outage windows aside)."""
+        required, _ = self.expected(upto_us)
+        windows = self.db_windows(self.slot_rows())
+        done = self.executions()
+        return sum(
+            1
+            for slot in required
+            if slot not in done and not any(w.contains(slot) for w in windows)
+        )
+
+    # -- the whole run ----------------------------------------------------------------
+
+    def run(self) -> Report:
+        started = datetime.now(timezone.utc)
+        wall0 = time.monotonic()
+        try:
+            self.setup()
+            self.run_faults()
+            self.say("faults done; letting the last ones settle")
+            time.sleep(3.0)
+            upto_us = now_us() - US
+            try:
+                wait_for(
+                    lambda: self.missing(upto_us) == 0,
+                    self.config.lease + 45,
+                    "every expected slot to execute",
+                    interval=1.0,
+                )
+            except AssertionError as exc:
+                self.say(str(exc))
+            self.say("stopping")
+            for replica in self.replicas:
+                if replica.proc is not None:
+                    replica.proc.signal(signal.SIGCONT)
+                    replica.proc.signal(signal.SIGTERM)
+            for replica in self.replicas:
+                if replica.proc is not None:
+                    replica.proc.stop(15, asked=True)
+            time.sleep(1.0)
+            for worker in self.workers:
+                worker.stop(20)
+            report = self.judge(upto_us, started, time.monotonic() - wall0)
+        finally:
+            self.abort.set()
+            self.close()
+        return report
+
+    def close(self) -> None:
+        try:
+            self.group.stop_all()
+        finally:
+            for proxy in (self.db_proxy, self.broker_proxy):
+                if proxy is not None:
+                    proxy.close()
+            if self.redis is not None:
+                self.redis.stop()
+            if self.amqp_url:
+                self._delete_amqp_queue()
+            if self.db is not None:
+                if self.pg is None:
+                    self.db.drop()  # the shared server: leave no tables behind
+                else:
+                    self.db.engine.dispose()
+            if self.pg is not None:
+                self.pg.close(self.config.keep)
+            if self.own_workdir and not self.config.keep:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _delete_amqp_queue(self) -> None:
+        """The shared RabbitMQ keeps durable queues: delete this run's."""
+        from kombu import Connection, Exchange, Queue
+
+        try:
+            with Connection(self.amqp_url) as conn:
+                channel = conn.channel()
+                Queue(self.queue, Exchange(self.queue), routing_key=self.queue)(channel).delete()
+                Exchange(self.queue)(channel).delete()
+        except Exception as exc:
+            print(f"chaos: deleting RabbitMQ queue {self.queue}: {exc}", file=sys.stderr)
+
+    # -- the verdict ------------------------------------------------------------------
+
+    def judge(self, upto_us: int, started: datetime, wall_s: float) -> Report:
+        rows = self.slot_rows()
+        required, optional = self.expected(upto_us)
+        done = self.executions()
+        windows = self.db_windows(rows)
+        names: dict[str, str] = {}
+        for replica in self.replicas:
+            for proc in replica.incarnations:
+                rid = proc.replica_id()
+                if rid:
+                    names[rid] = proc.name
+        beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
+        worker_logs = [w.log() for w in self.workers]
+
+        self.pause_outcomes(rows, done, names, beat_logs, worker_logs)
+
+        def in_window(slot: tuple[str, int]) -> DbWindow | None:
+            return next((w for w in windows if w.contains(slot)), None)
+
+        report = Report(
+            config={k: str(v) for k, v in asdict(self.config).items()},
+            machine=self.machine,
+            started=started.isoformat(timespec="seconds"),
+            wall_s=round(wall_s, 1),
+            window_s=round((upto_us - self.started_us) / US, 1),
+            faults=[
+                {
+                    "at_s": round((f.start_us - self.started_us) / US, 1),
+                    "kind": f.kind,
+                    "target": f.target,
+                    "seconds": round(((f.end_us or upto_us) - f.start_us) / US, 1),
+                    "detail": f.detail,
+                }
+                for f in sorted(self.faults, key=lambda f: f.start_us)
+            ],
+        )
+        due = required | {s for s in optional if s in done}
+        report.due = len(required)
+        report.optional_due = len(optional)
+        report.optional_executed = sum(1 for s in optional if s in done)
+        counted = {s for s in rows if s[1] <= upto_us}
+        report.sent = sum(1 for s in counted if rows[s][0] == 1)
+        report.taken_over = sum(1 for s in counted if rows[s][2] > 1)
+        # the logs give slot instants to the millisecond
+        published: Counter[tuple[str, int]] = Counter()
+        for _, text in beat_logs:
+            for m in SENT_LINE.finditer(text):
+                published[(m["entry"], iso_ms(m["at"]))] += 1
+        upto_ms = upto_us // 1000
+        report.published = sum(n for s, n in published.items() if s[1] <= upto_ms)
+        report.published_twice = sum(1 for s, n in published.items() if s[1] <= upto_ms and n > 1)
+        report.dropped_by_worker = sum(len(DROPPED_LINE.findall(text)) for text in worker_logs)
+        report.held_at_broker_loss = sum(
+            int(m["n"]) for text in worker_logs for m in RESTORING_LINE.finditer(text)
+        )
+        executed = {s for s in done if s[1] <= upto_us}
+        report.executed = len(executed)
+        twice = sorted(s for s in executed if len(done[s]) > 1)
+        report.executed_twice = len(twice)
+        for s in twice[:20]:
+            report.problems.append(f"executed {len(done[s])}x: {s[0]}@{s[1]}")
+        unexpected = sorted(executed - due - optional)
+        report.unexpected = len(unexpected)
+        for s in unexpected[:20]:
+            report.problems.append(f"executed, but no slot of its entry: {s[0]}@{s[1]}")
+        first_sent = self.first_publishes(beat_logs)
+        lost = []
+        for slot in sorted(required):
+            window = in_window(slot)
+            if window is not None:
+                window.slots.append(slot)
+                continue
+            report.due_required += 1
+            if slot not in done:
+                lost.append(slot)
+        report.lost = len(lost)
+        report.lost_never_sent = sum(1 for s in lost if rows.get(s, (0,))[0] != 1)
+        runs = run_rows(self.db) if self.db is not None else {}
+        for s in lost[:20]:
+            row = rows.get(s)
+            run = runs.get(s)
+            report.problems.append(
+                f"lost: {s[0]}@{s[1]} (t+{(s[1] - self.started_us) / US:.1f}s) "
+                f"slot row {row}, run row {run}"
+            )
+        for window in windows:
+            report.policy_windows.append(self.policy(window, done, first_sent))
+        # Delays: slot instant -> first publish (the replica's log line, put on
+        # the database's clock with that replica's offset), and -> first execution.
+        delays: list[Delay] = []
+        for slot in sorted(s for s in due if s[1] <= upto_us):
+            sent_at = first_sent.get((slot[0], slot[1] // 1000))
+            first_run = min(done[slot]) if slot in done else None
+            if sent_at is None and first_run is None:
+                continue
+            # A replica killed right after the broker took a message never logs
+            # it: the message was published by its execution at the latest.
+            dispatch_s = min(
+                (sent_at[0] - slot[1]) / US if sent_at else float("inf"),
+                first_run - slot[1] / US if first_run is not None else float("inf"),
+            )
+            row = rows.get(slot)
+            delays.append(
+                Delay(
+                    slot[0],
+                    slot[1],
+                    dispatch_s,
+                    first_run - slot[1] / US if first_run is not None else None,
+                    row[2] if row else 0,
+                    sent_at[1] if sent_at else "(not logged)",
+                    "",
+                    in_window(slot) is not None,
+                )
+            )
+        # Nothing may leave before its instant (250 ms: the claim's tolerance), on
+        # any replica's clock: claims read from first-claim rows, publishes and
+        # executions on the database's clock.
+        tolerance = EARLY_TOLERANCE_US / US
+        early = sorted(
+            {
+                slot
+                for slot, row in rows.items()
+                if row[2] == 1 and row[3] < slot[1] - EARLY_TOLERANCE_US
+            }
+            | {(d.entry, d.slot_us) for d in delays if d.dispatch_s < -tolerance}
+            | {s for s in executed if min(done[s]) < s[1] / US - tolerance}
+        )
+        report.early = len(early)
+        for s in early[:20]:
+            report.problems.append(f"claimed, sent or run early: {s[0]}@{s[1]} row {rows.get(s)}")
+        outside = [d for d in delays if not d.in_outage]
+        if outside:
+            ordered = sorted(d.dispatch_s for d in outside)
+            report.worst_dispatch_s = round(ordered[-1], 3)
+            report.p50_dispatch_s = round(ordered[len(ordered) // 2], 3)
+            report.p99_dispatch_s = round(ordered[int(len(ordered) * 0.99)], 3)
+            report.worst_execution_s = round(
+                max(d.executed_s for d in outside if d.executed_s is not None), 3
+            )
+        if delays:
+            report.worst_dispatch_any_s = round(max(d.dispatch_s for d in delays), 3)
+            # one line per cause: the worst slot of each of the worst few faults
+            seen: set[str] = set()
+
+            def longest(d: Delay) -> float:
+                return max(d.dispatch_s, d.executed_s or 0.0)
+
+            for d in sorted(delays, key=lambda d: -longest(d)):
+                d.cause = self.cause(d.slot_us, longest(d), d.fence)
+                if d.in_outage:
+                    d.cause = "missed during a database outage, sent per policy; " + d.cause
+                if d.cause in seen:
+                    continue
+                seen.add(d.cause)
+                report.worst.append(
+                    {
+                        "entry": d.entry,
+                        "slot_t_s": round((d.slot_us - self.started_us) / US, 1),
+                        "dispatch_s": round(d.dispatch_s, 3),
+                        "executed_s": round(d.executed_s, 3) if d.executed_s is not None else None,
+                        "fence": d.fence,
+                        "sent_by": d.sender,
+                        "cause": d.cause,
+                    }
+                )
+                if len(report.worst) >= 8:
+                    break
+        for replica in self.replicas:
+            if replica.skew and replica.incarnations:
+                m = OFFSET_LINE.search(replica.incarnations[0].log())
+                report.clock_offsets[f"{replica.name} (FAKETIME {replica.skew})"] = (
+                    f"{m['ms']} ms" if m else "?"
+                )
+        report.code_under_test = sorted(set(imported_from(self.record)))
+        report.problems.extend(self.late_sends)
+        report.late_sends = len(self.late_sends)
+        report.text = render(report)
+        return report
+
+    def first_publishes(
+        self, beat_logs: list[tuple[BeatProcess, str]]
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """(entry, slot ms) -> (first publish on the database's clock, incarnation).
+
+        A replica logs each message once the broker has it; the log's clock is
+        the replica's own (90 s off under libfaketime), corrected with the
+        database clock offset that replica logged when it connected."""
+        first: dict[tuple[str, int], tuple[int, str]] = {}
+        for proc, text in beat_logs:
+            offset = OFFSET_LINE.search(text)
+            offset_us = float(offset["ms"]) * 1000 if offset else 0.0
+            for m in SENT_AT.finditer(text):
+                local = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                at_us = int(local * US + offset_us)
+                key = (m["entry"], iso_ms(m["at"]))
+                if key not in first or at_us < first[key][0]:
+                    first[key] = (at_us, proc.name)
+        return first
+
+    def policy(
+        self,
+        window: DbWindow,
+        done: dict[tuple[str, int], list[float]],
+        first_sent: dict[tuple[str, int], tuple[int, str]],
+    ) -> dict[str, Any]:
+        """What the missed-run policy did with the slots of one outage window."""
+        before = on_time = coalesced = other = 0
+        missed: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for slot in window.slots:
+            recovered = window.recovery(slot[0])
+            if recovered is None or recovered - slot[1] > GRACE_US:
+                missed[slot[0]].append(slot)
+        latest = {max(slots) for slots in missed.values()}
+        for slot in window.slots:
+            if slot not in done:
+                continue
+            sent = first_sent.get((slot[0], slot[1] // 1000))
+            if sent is not None and sent[0] < window.restored_us:
+                before += 1  # claimed before the outage; published before or during it
+            elif slot in latest:
+                coalesced += 1
+            elif not any(slot in slots for slots in missed.values()):
+                on_time += 1  # within the grace when its entry was planned again
+            else:
+                other += 1
+        executed = before + on_time + coalesced + other
+        recovered = window.recovered_us
+        return {
+            "fault": window.fault,
+            "db_back_after_s": round((window.restored_us - window.start_us) / US - 1, 1),
+            "first_claim_after_s": (
+                round((recovered - window.restored_us) / US, 1) if recovered else None
+            ),
+            "slots_due": len(window.slots),
+            "executed": executed,
+            "claimed_before": before,
+            "on_time_at_recovery": on_time,
+            "latest_missed": coalesced,
+            "entries_missed": len(missed),
+            "other_missed": other,
+            "not_executed": len(window.slots) - executed,
+        }
+
+    def pause_outcomes(
+        self,
+        rows: dict[tuple[str, int], tuple[int, str, int, int, int | None]],
+        done: dict[tuple[str, int], list[float]],
+        names: dict[str, str],
+        beat_logs: list[tuple[BeatProcess, str]],
+        worker_logs: list[str],
+    ) -> None:
+        """What became of the slot each paused replica stopped on (in its detail)."""
+        by_task = {slot_task_id(*slot): slot for slot in rows}
+        senders: dict[str, list[str]] = defaultdict(list)
+        for proc, text in beat_logs:
+            for m in SENT_LINE.finditer(text):
+                senders[m["task_id"]].append(proc.name)
+        dropped = Counter(m["id"] for text in worker_logs for m in DROPPED_LINE.finditer(text))
+        for fault in self.faults:
+            if fault.kind != "pause" or fault.slot is None:
+                continue
+            entry, task_id = fault.slot
+            slot = by_task.get(task_id)
+            if slot is None:
+                fault.detail += f"; its slot ({entry}, task {task_id}) has no row"
+                continue
+            _, owner, fence, _, _ = rows[slot]
+            at = f"{entry}@t+{(slot[1] - self.started_us) / US:.1f}s"
+            runs = len(done.get(slot, []))
+            by = names.get(owner, owner)
+            if fault.mode == "claimed":
+                log = next(text for proc, text in beat_logs if proc.name == fault.proc)
+                late = self.late_send(log, entry, task_id)
+                if by == fault.proc:
+                    # nobody swept it before the paused replica resumed: it released
+                    # the claim unsent and won it back with a new fence
+                    what = (
+                        f"nobody took its claim of {at} over before it resumed: it released "
+                        f"it unsent and took it back (fence {fence})"
+                    )
+                else:
+                    what = f"its claim of {at} was taken over (fence {fence}) and sent by {by}"
+                under = "IT SENT IT UNDER" if late else "nothing sent under"
+                fault.detail += f"; {what}; {under} the lapsed claim; executed {runs}x"
+                if late:
+                    self.late_sends.append(f"{fault.proc} sent {at} after its lease ran out")
+            elif by == fault.proc:
+                # no sweep came by between the end of its lease and its resumption
+                fault.detail += (
+                    f"; it had published {at}; nobody took it over before it resumed, and "
+                    f"it confirmed its publish (fence {fence}); "
+                    f"{len(senders[task_id])} publish(es); executed {runs}x"
+                )
+            else:
+                fault.detail += (
+                    f"; it had published {at}: taken over (fence {fence}), published again by "
+                    f"{by} ({len(senders[task_id])} publishes); the worker dropped "
+                    f"{dropped[task_id]} repeated deliveries; executed {runs}x"
+                )
+
+    @staticmethod
+    def late_send(log: str, entry: str, task_id: str) -> bool:
+        """True when a replica that stopped right after claiming ``task_id`` sent
+        it afterwards without winning it again first (a "took back"/"took over"
+        line of that task id between the stop and the send)."""
+        stop = log.find(f"SB-STOPPING {entry} {task_id}")
+        retaken = False
+        for line in log[stop:].splitlines()[1:]:
+            if task_id not in line:
+                continue
+            if " took back slot " in line or " took over slot " in line:
+                retaken = True
+            elif SENT_LINE.search(line) and not retaken:
+                return True
+        return False
+
+    def cause(self, slot_us: int, delay_s: float, fence: int) -> str:
+        """The faults in force between a slot's instant and its send. A fault
+        counts on after its end for as long as its effects can last: the
+        outage backoff (10 s) after the database is back, a sweep interval and
+        a second of start-up after the others."""
+        lo, hi = slot_us - US // 2, slot_us + int(delay_s * US)
+        hits = []
+        for f in self.faults:
+            tail = 10 * US if f.db_down else self.lease_us // 3 + US
+            if f.start_us <= hi and (f.end_us or 2**62) + tail >= lo:
+                hits.append(f)
+        where = f"taken over (fence {fence}), " if fence > 1 else ""
+        if not hits:
+            return where + "no fault: the normal path (tick, CPU)"
+        return where + "; ".join(
+            f"{f.kind} {f.target} at t+{(f.start_us - self.started_us) / US:.1f}s" for f in hits
+        )
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def machine_info(chaos: Chaos) -> dict[str, str]:
+    import celery
+    import kombu
+
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    info = {
+        "cpus": str(os.cpu_count()),
+        "cpu": model,
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "python": platform.python_version(),
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "sqlalchemy": sa.__version__,
+        "postgresql": chaos.pg.version if chaos.pg else "shared (SB_TEST_PG)",
+        "broker": chaos.redis.version() if chaos.redis else "rabbitmq (SB_TEST_AMQP)",
+    }
+    return info
+
+
+def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    body = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)
+    ]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    out = [line, rule]
+    out += ["| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in body]
+    return "\n".join(out)
+
+
+def render(r: Report) -> str:
+    c = r.config
+    lines = [
+        f"chaos run: seed {c['seed']}, {c['duration']} s of faults, lease {c['lease']} s, "
+        f"broker {c['broker']}; started {r.started}, {r.wall_s} s wall, "
+        f"slots counted over {r.window_s} s",
+        "machine: " + ", ".join(f"{k} {v}" for k, v in r.machine.items()),
+        "code under test: " + (", ".join(r.code_under_test) or "?"),
+        "clocks: " + ", ".join(f"{k}: offset {v}" for k, v in r.clock_offsets.items()),
+        "",
+        "faults:",
+        table(
+            ["t (s)", "fault", "target", "lasted (s)", "detail"],
+            [(f["at_s"], f["kind"], f["target"], f["seconds"], f["detail"]) for f in r.faults],
+        ),
+        "",
+        table(
+            ["", "slots"],
+            [
+                ("due (outside database outages: must all execute)", r.due_required),
+                ("due while the database was away (missed-run policy)", r.due - r.due_required),
+                ("sent (slot rows confirmed)", r.sent),
+                ("messages published (replicas' logs)", r.published),
+                ("slots published twice (same task id)", r.published_twice),
+                ("repeated deliveries dropped by workers", r.dropped_by_worker),
+                (
+                    "messages workers held when the broker went away (delivered again)",
+                    r.held_at_broker_loss,
+                ),
+                ("taken over (fence > 1)", r.taken_over),
+                ("executed", r.executed),
+                ("executed twice (must be 0)", r.executed_twice),
+                ("lost (must be 0)", r.lost),
+                ("executed at an instant that is no slot (must be 0)", r.unexpected),
+                ("claimed, sent or run > 250 ms before its instant (must be 0)", r.early),
+                (
+                    f"{ROLL}: slots only its every-1-s version has, while versions were mixed",
+                    f"{r.optional_executed} of {r.optional_due} executed (either is right)",
+                ),
+            ],
+        ),
+        "",
+        "database outages: what the missed-run policy (coalesce, grace 5 s) did with the "
+        "slots that fell due while the database was away",
+        table(
+            [
+                "outage",
+                "first claim after (s)",
+                "slots due",
+                "executed",
+                "claimed before it",
+                "on time at recovery",
+                "coalesced: latest missed sent (entries that missed slots)",
+                "other missed",
+                "not executed",
+            ],
+            [
+                (
+                    w["fault"],
+                    w["first_claim_after_s"],
+                    w["slots_due"],
+                    w["executed"],
+                    w["claimed_before"],
+                    w["on_time_at_recovery"],
+                    f"{w['latest_missed']} ({w['entries_missed']})",
+                    w["other_missed"],
+                    w["not_executed"],
+                )
+                for w in r.policy_windows
+            ],
+        ),
+        "",
+        f"dispatch delay (slot instant -> first publish, or first execution when earlier; "
+        f"database clock), outside database "
+        f"outages: median {r.p50_dispatch_s} s, p99 {r.p99_dispatch_s} s, worst "
+        f"{r.worst_dispatch_s} s; slot -> execution start, worst {r.worst_execution_s} s; "
+        f"including slots sent after an outage: worst {r.worst_dispatch_any_s} s",
+        table(
+            ["entry", "slot t (s)", "dispatch (s)", "executed (s)", "fence", "sent by", "cause"],
+            [
+                (
+                    w["entry"],
+                    w["slot_t_s"],
+                    w["dispatch_s"],
+                    w["executed_s"],
+                    w["fence"],
+                    w["sent_by"],
+                    w["cause"],
+                )
+                for w in r.worst
+            ],
+        ),
+    ]
+    if r.problems:
+        lines += ["", "problems:", *(f"  {p}" for p in r.problems)]
+    lines += ["", "verdict: " + ("OK" if r.ok else "FAILED")]
+    return "\n".join(lines)
+
+
+def run(config: Config) -> Report:
+    """Run the chaos run of ``config``; the entry point of the acceptance test."""
+    return Chaos(config).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of faults")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--lease", type=float, default=15.0, help="singlebeat_lease, seconds")
+    parser.add_argument("--outage", type=float, default=30.0, help="PostgreSQL outage, seconds")
+    parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument("--workdir", type=Path, help="keep logs and the record here")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--json", type=Path, help="write the report as JSON here")
+    args = parser.parse_args(argv)
+    report = run(
+        Config(
+            duration=args.duration,
+            seed=args.seed,
+            lease=args.lease,
+            outage=args.outage,
+            broker=args.broker,
+            workdir=args.workdir,
+            keep=args.keep or args.workdir is not None,
+        )
+    )
+    print()
+    print(report.text)
+    if args.json:
+        data = asdict(report)
+        data.pop("text")
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

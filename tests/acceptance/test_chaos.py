@@ -1,0 +1,72 @@
+"""The short form of the chaos run (``benchmarks/chaos.py``): 5 real beat
+replicas (two with clocks 90 s off under libfaketime), 2 real workers of
+SingletonTasks, a PostgreSQL cluster and a Redis server of the run's own, and
+every fault of the long form at least once, on a fixed seed: a replica
+SIGKILLed and restarted, replicas paused past their lease right after a claim
+and right after a publish, a rolling restart between two versions of one
+entry's schedule, a PostgreSQL restart, a 30 s PostgreSQL outage and a broker
+restart. No slot may execute twice, and every slot outside the outage must
+execute.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import chaos  # noqa: E402
+
+#: seconds of faults: the first round of each lane (every kind once) fits
+DURATION = 75.0
+SEED = 7
+LEASE = 5.0
+
+
+def _missing() -> str | None:
+    if chaos.libfaketime() is None:
+        return "libfaketime is not installed (apt-get install faketime)"
+    if shutil.which("redis-server") is None:
+        return "redis-server is not installed"
+    return None
+
+
+@pytest.mark.slow
+def test_chaos_short_form(tmp_path: Path) -> None:
+    missing = _missing()
+    if missing:
+        if IN_CI:
+            pytest.fail(missing)
+        pytest.skip(missing)
+    report = chaos.run(
+        chaos.Config(duration=DURATION, seed=SEED, lease=LEASE, workdir=tmp_path, quiet=True)
+    )
+    print(report.text)
+    kinds = {f["kind"] for f in report.faults}
+    assert kinds >= {
+        "kill",
+        "pause",
+        "rolling restart",
+        "postgres restart",
+        "postgres outage",
+        "broker restart",
+    }, report.text
+    assert report.executed_twice == 0, report.text
+    assert report.lost == 0, report.text
+    assert report.unexpected == 0, report.text
+    assert report.early == 0, report.text
+    assert not report.problems, report.text
+    assert report.due_required > 100 and report.executed >= report.due_required, report.text
+    # the outage really left slots to the missed-run policy, and it sent some
+    assert any(w["slots_due"] > 0 for w in report.policy_windows), report.text
+    # both skewed replicas ran with their clocks 90 s off
+    offsets = [abs(float(v.split()[0])) for v in report.clock_offsets.values()]
+    assert len(offsets) == 2 and all(80_000 < o < 100_000 for o in offsets), report.text
+    # the workers ran this checkout
+    assert report.code_under_test == [str(ROOT / "celery_singlebeat" / "__init__.py")], report.text
