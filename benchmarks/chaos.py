@@ -82,7 +82,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ACCEPTANCE = ROOT / "tests" / "acceptance"
 # this checkout's package and the acceptance harness, whatever the venv has installed
-sys.path[:0] = [str(ROOT), str(ACCEPTANCE)]
+sys.path[:0] = [str(ROOT), str(ACCEPTANCE), str(ROOT / "tests")]
 
 import sqlalchemy as sa  # noqa: E402
 from harness import (  # noqa: E402
@@ -92,11 +92,12 @@ from harness import (  # noqa: E402
     BeatProcess,
     Db,
     TcpProxy,
+    executions,
     imported_from,
-    read_executions,
+    read_records,
     run_rows,
     wait_for,
-    worker_ready,
+    wait_ready,
 )
 
 from celery_singlebeat.slots import slot_task_id  # noqa: E402
@@ -560,9 +561,7 @@ class Chaos:
                     self.worker_env, f"worker-{i}", app="singletonapp", concurrency=2
                 )
             )
-        wait_for(
-            lambda: all(worker_ready(w) for w in self.workers), 90, "workers ready", interval=0.3
-        )
+        wait_ready(*self.workers, timeout=90)
         self._where(broker)
         self.started_us = now_us()
         self.uniform.append(["1", self.started_us, None])
@@ -851,7 +850,7 @@ class Chaos:
 
     def executions(self) -> dict[tuple[str, int], list[float]]:
         out: dict[tuple[str, int], list[float]] = defaultdict(list)
-        for ex in read_executions(self.record):
+        for ex in executions(read_records(self.record)):
             if ex.task == TASK and ex.slot is not None:
                 out[ex.slot].append(ex.start)
         return out
@@ -1169,7 +1168,7 @@ class Chaos:
                 report.clock_offsets[f"{replica.name} (FAKETIME {replica.skew})"] = (
                     f"{m['ms']} ms" if m else "?"
                 )
-        report.code_under_test = sorted(set(imported_from(self.record)))
+        report.code_under_test = sorted(set(imported_from(read_records(self.record))))
         report.problems.extend(self.late_sends)
         report.late_sends = len(self.late_sends)
         report.text = render(report)
