@@ -263,11 +263,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _open_store(self) -> Store:
         from .store.sql import SqlStore
 
-        return SqlStore(
-            self.settings.url,
-            table_prefix=self.settings.table_prefix,
-            engine_options=dict(self.settings.engine_options),
-        )
+        return SqlStore.from_settings(self.settings)
 
     def _connect(self) -> None:
         """Check the schema and register the entries (first tick, or after an outage)."""

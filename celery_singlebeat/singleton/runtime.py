@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from ..config import Settings, default_replica_id
-from ..exceptions import SchemaError
 from ..store.base import Store
 
 logger = logging.getLogger("celery_singlebeat.singleton")
+
+#: How often one worker process offers to prune old run and key rows.
+PRUNE_EVERY = 600.0
 
 
 class Runtime:
@@ -29,6 +32,7 @@ class Runtime:
         self.pid = os.getpid()
         self._store: Store | None = None
         self._lock = threading.Lock()
+        self._next_prune = 0.0
 
     def store(self) -> Store:
         """The store, schema checked (created when allowed) on first use.
@@ -41,10 +45,7 @@ class Runtime:
                 store = self._open()
                 try:
                     store.prepare(self.settings.create_schema)
-                except SchemaError:
-                    store.close()
-                    raise
-                except Exception:
+                except Exception:  # StoreUnavailable, SchemaError: nothing cached
                     store.close()
                     raise
                 self._store = store
@@ -58,11 +59,16 @@ class Runtime:
     def _open(self) -> Store:
         from ..store.sql import SqlStore
 
-        return SqlStore(
-            self.settings.url,
-            table_prefix=self.settings.table_prefix,
-            engine_options=dict(self.settings.engine_options),
-        )
+        return SqlStore.from_settings(self.settings)
+
+    def prune_due(self) -> bool:
+        """True at most once per PRUNE_EVERY in this process: time to offer a prune
+        (the fleet-wide turn in the database decides whether it runs)."""
+        now = time.monotonic()
+        if now < self._next_prune:
+            return False
+        self._next_prune = now + PRUNE_EVERY
+        return True
 
     def forget_after_fork(self) -> None:
         """Drop the parent's pool without touching its connections."""

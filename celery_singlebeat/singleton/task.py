@@ -40,14 +40,12 @@ from .keys import (
     compute_key,
     parse_ttl,
 )
-from .runtime import runtime_for
+from .runtime import Runtime, runtime_for
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 
 #: Retry delay when the database cannot decide who may run (StoreUnavailable).
 UNAVAILABLE_RETRY_DELAY = 5.0
-#: How often one worker process offers to prune old run and key rows.
-PRUNE_EVERY = 600.0
 
 
 def _is_concrete(cls: type) -> bool:
@@ -307,16 +305,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
             heartbeat().defer(f"recording the end of task {task_id}", end)
 
-    def _maybe_prune(self, runtime: Any, store: Store) -> None:
-        now = time.monotonic()
-        if now < getattr(runtime, "next_prune", 0.0):
-            return
-        runtime.next_prune = now + PRUNE_EVERY
-        settings = runtime.settings
-        heartbeat().defer(
-            "pruning old singleton rows",
-            lambda: store.prune_singletons(settings.run_retention_us, int(3600 * US)),
-        )
+    def _maybe_prune(self, runtime: Runtime, store: Store) -> None:
+        if runtime.prune_due():
+            retention_us = runtime.settings.run_retention_us
+            heartbeat().defer(
+                "pruning old singleton rows",
+                lambda: store.prune_singletons(retention_us, int(3600 * US)),
+            )
 
 
 def _check_settings_at_start(sender: Any = None, **_: Any) -> None:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine
@@ -40,6 +40,9 @@ from .base import (
 from .lease_statements import LeaseDialect, lease_dialect_for
 from .schema import SCHEMA_VERSION, Tables
 from .statements import Dialect, dialect_for
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 logger = logging.getLogger("celery_singlebeat.store")
 
@@ -127,6 +130,15 @@ class SqlStore(Store):
         @event.listens_for(self.engine, "before_cursor_execute")
         def _count(*_args: Any) -> None:
             self.round_trips += 1
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SqlStore:
+        """The store the validated ``singlebeat_*`` settings describe."""
+        return cls(
+            settings.url,
+            table_prefix=settings.table_prefix,
+            engine_options=dict(settings.engine_options),
+        )
 
     def _install_session_setup(self) -> None:
         if self.backend in ("mysql", "mariadb"):
