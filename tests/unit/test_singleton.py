@@ -216,16 +216,18 @@ def test_a_static_key_function_on_a_subclass(app: Celery, store: MemoryStore) ->
 # -- executions -----------------------------------------------------------------
 
 
+def singleton_task(app: Celery, name: str, **options: Any) -> Any:
+    """``@app.task`` for a bound SingletonTask named ``name`` (TTL 10 s unless
+    given); ``shared=False`` keeps it out of the other tests' apps."""
+    return app.task(
+        shared=False, base=SingletonTask, bind=True, name=name, **{"singleton_ttl": 10, **options}
+    )
+
+
 def make_hold(app: Celery, **options: Any) -> Any:
     """A task that records what it saw and runs ``body`` if given."""
 
-    @app.task(
-        shared=False,
-        base=SingletonTask,
-        bind=True,
-        name="proj.hold",
-        **{"singleton_ttl": 10, **options},
-    )
+    @singleton_task(app, "proj.hold", **options)
     def hold(self: Any, body: Any = None) -> Any:
         seen = {"key": self.singleton.key, "token": self.singleton.token}
         if body is not None:
@@ -251,7 +253,7 @@ def test_an_execution_holds_the_key_and_releases_it_at_the_end(
 
 
 def test_a_direct_call_holds_no_lease(app: Celery, store: MemoryStore) -> None:
-    @app.task(shared=False, base=SingletonTask, bind=True, singleton_ttl=10, name="proj.direct")
+    @singleton_task(app, "proj.direct")
     def direct(self: Any) -> str:
         with pytest.raises(RuntimeError, match="direct call holds no lease"):
             self.singleton  # noqa: B018
@@ -290,15 +292,7 @@ def test_busy_raise_fails_with_singleton_busy(app: Celery, store: MemoryStore) -
 def test_busy_retry_retries_then_fails_with_singleton_busy(app: Celery, store: MemoryStore) -> None:
     attempts: list[int] = []
 
-    @app.task(
-        shared=False,
-        base=SingletonTask,
-        bind=True,
-        singleton_ttl=10,
-        singleton_busy="retry",
-        max_retries=2,
-        name="proj.retrying",
-    )
+    @singleton_task(app, "proj.retrying", singleton_busy="retry", max_retries=2)
     def retrying(self: Any) -> None:
         attempts.append(1)
 
@@ -311,15 +305,7 @@ def test_busy_retry_retries_then_fails_with_singleton_busy(app: Celery, store: M
 
 @eager_exceptions
 def test_busy_retry_runs_once_the_key_is_free(app: Celery, store: MemoryStore) -> None:
-    @app.task(
-        shared=False,
-        base=SingletonTask,
-        bind=True,
-        singleton_ttl=10,
-        singleton_busy="retry",
-        max_retries=5,
-        name="proj.retrying",
-    )
+    @singleton_task(app, "proj.retrying", singleton_busy="retry", max_retries=5)
     def retrying(self: Any) -> int:
         return int(self.request.retries)
 
@@ -399,14 +385,7 @@ def test_self_retry_releases_the_key_and_lets_the_retry_run_the_slot(
     tokens: list[int] = []
     free_between: list[bool] = []
 
-    @app.task(
-        shared=False,
-        base=SingletonTask,
-        bind=True,
-        singleton_ttl=10,
-        max_retries=3,
-        name="proj.flaky",
-    )
+    @singleton_task(app, "proj.flaky", max_retries=3)
     def flaky(self: Any) -> int:
         tokens.append(self.singleton.token)
         if self.request.retries == 0:
@@ -511,14 +490,7 @@ def test_an_unreachable_database_until_the_lease_ends_counts_as_lost(
 def test_an_unreachable_database_runs_nothing_and_retries(app: Celery, store: MemoryStore) -> None:
     ran: list[int] = []
 
-    @app.task(
-        shared=False,
-        base=SingletonTask,
-        bind=True,
-        singleton_ttl=10,
-        max_retries=1,
-        name="proj.down",
-    )
+    @singleton_task(app, "proj.down", max_retries=1)
     def down(self: Any) -> None:
         ran.append(1)
 
