@@ -12,6 +12,9 @@ the end of a batch), checking its publish deadline before each flush: a message
 counts as published only once its flush succeeded. A flush that fails leaves
 every message of that group uncertain (the pipeline may have run in part), and
 the scheduler treats them as not published.
+
+:func:`skip_declared` takes a cost off every publish that kombu pays for
+nothing once a queue is declared (see there).
 """
 
 from __future__ import annotations
@@ -28,6 +31,50 @@ GROUP_SIZE = 100
 #: kombu's own automatic flush threshold (in broker commands); the scheduler
 #: flushes well before it, so that it checks its deadline before every flush.
 _KOMBU_MAX = 1_000_000
+
+
+#: marks a producer :func:`skip_declared` has already set up
+_SHORTCUT = "_singlebeat_skips_declared"
+
+
+def skip_declared(producer: Any) -> Any:
+    """Let ``producer`` skip declarations its connection has already made.
+
+    Celery asks kombu to declare the task's queue with every message it
+    publishes, and kombu's ``Producer.maybe_declare`` binds a *copy* of the
+    queue to the channel before it looks in the connection's cache of declared
+    entities, where the answer almost always is "declared already". Profiled
+    on a 2,000-slot tick, that copy was about a sixth of the cost of a publish.
+    This looks in the same cache first and gives kombu's answer without the
+    copy; whatever the cache does not hold (the first message on a connection,
+    every message after a reconnect, which empties the cache, entities kombu
+    never caches such as auto-delete queues) is declared by kombu as before.
+    Returns ``producer``; calling it again changes nothing.
+    """
+    if getattr(producer, _SHORTCUT, False):
+        return producer
+    declare = producer.maybe_declare
+
+    def maybe_declare(entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+        if entity and _declared(producer, entity):
+            return False
+        return declare(entity, retry, **retry_policy)
+
+    # An instance attribute: kombu's publish calls self.maybe_declare, and only
+    # this producer (the scheduler's own) is changed.
+    producer.maybe_declare = maybe_declare
+    setattr(producer, _SHORTCUT, True)
+    return producer
+
+
+def _declared(producer: Any, entity: Any) -> bool:
+    """True when kombu's own cache says ``entity`` is declared on this connection."""
+    connection = getattr(producer.channel, "connection", None)
+    client = getattr(connection, "client", None)
+    declared = getattr(client, "declared_entities", None)
+    if not declared or not getattr(entity, "can_cache_declaration", False):
+        return False
+    return hash(entity) in declared
 
 
 class PublishGroup(Generic[T]):

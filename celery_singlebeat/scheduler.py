@@ -28,7 +28,7 @@ from . import signals
 from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
-from .publishing import PublishGroup
+from .publishing import PublishGroup, skip_declared
 from .sharing import (
     FALLBACK_BATCH,
     FALLBACK_DELAY_US,
@@ -609,7 +609,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     expired.append(claim)
                     continue
                 if producer is None:
-                    producer = self.producer
+                    producer = skip_declared(self.producer)
                     group = PublishGroup(producer)
                 assert group is not None
                 outcome = self._publish(entry, claim, producer, deadline, claim.key in taken_over)

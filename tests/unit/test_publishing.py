@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kombu import Connection, Queue
 from kombu.messaging import Producer
 from test_scheduler import SECOND, Harness, every, harness_for  # noqa: F401
 
 from celery_singlebeat import scheduler as scheduler_module
-from celery_singlebeat.publishing import GROUP_SIZE, PublishGroup
+from celery_singlebeat.publishing import GROUP_SIZE, PublishGroup, skip_declared
 
 
 class PipelinedProducer(Producer):  # type: ignore[misc]
@@ -156,3 +157,58 @@ def test_a_producer_without_pipelining_hands_each_message_over_at_once() -> None
     assert not group.pipelined
     assert group.added(1) == [1] and not group.full and group.flush() == []
     group.close()
+
+
+def _count_binds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the queues kombu binds a copy of (what a declaration costs)."""
+    bound: list[str] = []
+    original = Queue.bind
+
+    def bind(self: Queue, channel: Any) -> Any:
+        bound.append(self.name)
+        return original(self, channel)
+
+    monkeypatch.setattr(Queue, "bind", bind)
+    return bound
+
+
+def test_the_scheduler_declares_the_queue_once_per_connection_not_per_message(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    n = 50
+    harness = harness_for({f"job-{i:03d}": every(1) for i in range(n)})
+    replica = harness.replica()
+    replica.tick()
+    bound = _count_binds(monkeypatch)
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert len(harness.drain()) == n
+    # the first message declares the queue (or found it declared): no copy per message
+    assert len(bound) <= 1
+    # A reconnect empties kombu's cache: the next publish declares the queue again.
+    replica.producer.connection.declared_entities.clear()
+    bound.clear()
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert len(harness.drain()) == n
+    assert bound[:1] == [harness.app.conf.task_default_queue]
+    assert len(bound) == 1
+
+
+def test_skip_declared_leaves_what_kombu_does_not_cache_to_kombu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with Connection("memory://") as connection:
+        producer = skip_declared(Producer(connection))
+        assert skip_declared(producer) is producer  # once is enough
+        kept = Queue("sb-kept", routing_key="sb-kept")
+        passing = Queue("sb-passing", routing_key="sb-passing", auto_delete=True)
+        bound = _count_binds(monkeypatch)
+        for _ in range(3):
+            producer.publish({}, routing_key="sb-kept", declare=[kept, passing], retry=True)
+        # the auto-delete queue is never cached by kombu, so never skipped
+        assert bound.count("sb-kept") == 1
+        assert bound.count("sb-passing") == 3
+        with connection.SimpleQueue(kept) as queue:
+            assert len([queue.get(timeout=1) for _ in range(3)]) == 3
