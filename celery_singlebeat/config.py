@@ -83,7 +83,9 @@ def parse_missed_policy(
     max_missed = options.get(f"{prefix}missed_max", default.max_missed)
     if not isinstance(max_missed, int) or isinstance(max_missed, bool) or max_missed < 1:
         raise ConfigurationError(f"{prefix}missed_max={max_missed!r}: expected an integer >= 1")
-    return MissedPolicy(mode=mode, grace_us=grace_us, max_missed=max_missed)
+    policy = MissedPolicy(mode=mode, grace_us=grace_us, max_missed=max_missed)
+    # the default's own instance when equal: one per entry adds up at 100,000 entries
+    return default if policy == default else policy
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import heapq
 import logging
 import random
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
@@ -71,19 +72,42 @@ BACKOFF_MAX = 10.0
 WAKE_JITTER = 0.01
 
 
-@dataclass(order=True)
-class _Tracked:
-    """An entry as this replica tracks it: its slot sequence and next slot."""
+#: ``_Tracked.won`` of an entry that won nothing ahead (nearly all): one shared
+#: empty set instead of one per entry (216 bytes each).
+_NOTHING_WON: frozenset[int] = frozenset()
 
-    next_us: int
-    name: str = field(compare=True)
-    sequence: SlotSequence = field(compare=False, repr=False)
-    policy: MissedPolicy = field(compare=False, repr=False)
-    #: slots at or after ``next_us`` this replica already won: after a claim that
-    #: refused some slots as early, the entry is planned again from before them.
-    won: set[int] = field(default_factory=set, compare=False, repr=False)
-    #: whether this replica proposes the entry's slots first (sharing.py)
-    first: bool = field(default=True, compare=False, repr=False)
+
+class _Tracked:
+    """An entry as this replica tracks it: its slot sequence and next slot.
+
+    Ordered by ``(next_us, name)`` for the heaps. Slotted, with a shared empty
+    ``won``: a replica tracks every entry of the schedule, and with 100,000
+    entries that made the process's peak RSS 265 MB instead of 221 MB (together
+    with a shared default policy and slotted sequences).
+    """
+
+    __slots__ = ("first", "name", "next_us", "policy", "sequence", "won")
+
+    def __init__(
+        self, next_us: int, name: str, sequence: SlotSequence, policy: MissedPolicy
+    ) -> None:
+        self.next_us = next_us
+        self.name = name
+        self.sequence = sequence
+        self.policy = policy
+        #: slots at or after ``next_us`` this replica already won: after a claim that
+        #: refused some slots as early, the entry is planned again from before them.
+        self.won: AbstractSet[int] = _NOTHING_WON
+        #: whether this replica proposes the entry's slots first (sharing.py)
+        self.first = True
+
+    def __lt__(self, other: _Tracked) -> bool:
+        if self.next_us != other.next_us:
+            return self.next_us < other.next_us
+        return self.name < other.name
+
+    def __repr__(self) -> str:
+        return f"_Tracked({self.name!r}, next_us={self.next_us})"
 
 
 def _is_connection_error(exc: BaseException, producer: Any) -> bool:
@@ -390,12 +414,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 # it stood at before it, and is planned again with the clock the
                 # claim's round trip has just corrected. Slots it won now are not
                 # proposed again.
-                tracked.won.update(won_early.get(tracked.name, ()))
+                tracked.won = tracked.won | set(won_early.get(tracked.name, ()))
                 self._push(tracked)
                 continue
             if tracked.won:
                 after = plan.next_us
-                tracked.won = {at for at in tracked.won if after is not None and at >= after}
+                ahead = {at for at in tracked.won if after is not None and at >= after}
+                tracked.won = ahead or _NOTHING_WON
             if plan.skipped:
                 self._report_skipped(
                     tracked.name,

@@ -65,6 +65,8 @@ class SlotSequence(Protocol):
 class IntervalSequence:
     """Slots ``anchor + k * period`` for k >= 1."""
 
+    __slots__ = ("anchor_us", "period_us")  # one per entry: no __dict__
+
     anchor_us: int
     period_us: int
 
@@ -87,6 +89,8 @@ class IntervalSequence:
 @dataclass(frozen=True)
 class CronSequence:
     """Slots of a crontab (see :mod:`.cron` for the daylight-saving rules)."""
+
+    __slots__ = ("fields",)
 
     fields: CronFields
 
