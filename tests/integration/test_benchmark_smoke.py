@@ -120,6 +120,10 @@ def _check_rates(results: dict[str, Any]) -> None:
     assert isinstance(results["singlebeat_meets_target"], bool)
 
 
+#: the senders of table 4: the uncoordinated batch sender, one and three replicas
+SHARING_ROWS = (("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3))
+
+
 def test_quick_scale_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -135,12 +139,15 @@ def test_quick_scale_run_completes_with_every_row(
     results = json.loads(out.read_text())
     for title in ("4. Load sharing", "5. ", "6. Start-up", "7. Idle cost"):
         assert title in result.stdout, title
-    sharing = {(r["sender"], r["replicas"]): r for r in results["sharing"]}
-    assert set(sharing) == {("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3)}
+    sharing = {(r["sender"], r["replicas"], r["load"]): r for r in results["sharing"]}
+    assert set(sharing) == {(kind, n, 5000) for kind, n in SHARING_ROWS}
     for row in sharing.values():
         assert row["messages"] > 0, row
-    assert len(results["sharing_verdicts"]) == 3
-    shares = sharing["singlebeat", 3]["shares"]
+    verdicts = results["sharing_verdicts"]
+    assert verdicts[0].startswith("one replica / uncoordinated sender")
+    assert any(line.startswith("three replicas >= 1.5x one") for line in verdicts)
+    assert verdicts[-1].startswith("largest replica share")
+    shares = sharing["singlebeat", 3, 5000]["shares"]
     assert shares and abs(sum(shares) - 1) < 0.01
     burst = results["burst"]
     # the guarantee, whatever the machine's speed: no slot sent twice
