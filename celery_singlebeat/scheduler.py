@@ -28,6 +28,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from . import signals
 from .clock import US, us_to_datetime
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
+from .embedded import stop_worker
 from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
 from .publishing import PublishGroup, skip_declared
 from .sharing import (
@@ -135,6 +136,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     max_interval = DEFAULT_MAX_LOOP_INTERVAL.total_seconds()
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        try:
+            self._build(app, *args, lazy=lazy, **kwargs)
+        except ConfigurationError as exc:
+            stop_worker(exc)  # under celery worker -B only (embedded.py)
+            raise
+
+    def _build(self, app: Any, *args: Any, lazy: bool, **kwargs: Any) -> None:
         loop = kwargs.get("max_interval") or app.conf.beat_max_loop_interval
         # Validated before anything else, also for the lazy instance celery beat
         # builds for its banner, so a bad setting stops the process at start-up.
@@ -298,6 +306,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         except SchemaError as exc:
             # Not an outage: retrying cannot help, so stop the process loudly.
             logger.critical("singlebeat: %s", exc)
+            stop_worker(exc)
             raise
         states = self._store.register(list(self.schedule), self.settings.replica_id)
         clock = self._store.clock

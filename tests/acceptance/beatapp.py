@@ -9,6 +9,7 @@ database and broker:
 * ``SB_SLOW``: ``"period:grace"`` adds one more entry, ``slow-0``, every ``period``
   seconds with its own missed-run grace (per-entry ``options``), so an outage
   can leave it without any on-time slot: the case where policies differ
+* ``SB_CREATE_SCHEMA``: ``0`` turns singlebeat_create_schema off
 * ``SB_LEASE``: singlebeat_lease seconds; ``SB_POLICY``: missed-run policy;
   ``SB_GRACE``: missed-run grace seconds; ``SB_LOOP``: beat_max_loop_interval
 * ``SB_STOP_ON``: ``claimed`` or ``published``: stop this process (SIGSTOP) at
@@ -82,6 +83,7 @@ app.conf.update(
     singlebeat_url=os.environ.get("SB_URL"),
     singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
     singlebeat_lease=float(os.environ.get("SB_LEASE", "15")),
+    singlebeat_create_schema=os.environ.get("SB_CREATE_SCHEMA", "1") != "0",
     singlebeat_missed_policy=os.environ.get("SB_POLICY", "coalesce"),
     singlebeat_missed_grace=float(os.environ.get("SB_GRACE", "5")),
     beat_max_loop_interval=float(os.environ.get("SB_LOOP", "1")),

@@ -191,9 +191,11 @@ class BeatGroup:
         pool: str = "prefork",
         concurrency: int = 2,
         extra: tuple[str, ...] = (),
+        queues: str | None = None,
     ) -> BeatProcess:
         """Start ``celery -A <app> worker`` (same env rules as :meth:`start_beat`);
-        it consumes ``SB_QUEUE``. Stopped with the beats at teardown."""
+        it consumes ``queues`` (default ``SB_QUEUE``). Stopped with the beats at
+        teardown."""
         log_path = self.workdir / f"{name}.log"
         full_env = {
             **os.environ,
@@ -215,7 +217,7 @@ class BeatGroup:
             "-n",
             f"{name}@%h",
             "-Q",
-            full_env.get("SB_QUEUE", "celery"),
+            queues or full_env.get("SB_QUEUE", "celery"),
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
