@@ -79,6 +79,8 @@ OUTAGE_RETRY_S = 10.0
 SKEW = "+90s"
 #: a message that arrives this long before its instant was sent early
 EARLY_S = 0.25
+#: the blur at each end of a lasting fault (s)
+EDGE_S = 1.0
 #: how long singlebeat's takeovers can take after the window (lease + sweep + slack)
 LATE_S = LEASE + LEASE / 3 + 5
 
@@ -918,14 +920,17 @@ def judge(run: Run, window: Window) -> dict[str, Any]:
         row["fault"] = window.what
         row["fault_s"] = round(f1 - f0, 1)
         instant = f1 - f0 < 2
+        # A fault's edges are blurred by a second: a server takes a moment to
+        # stop, and is accepting already when its start returns.
+        inside = [m for m in probes if f0 + EDGE_S < m.arrived < f1 - EDGE_S]
         if not instant:
-            row["sent_during_fault"] = sum(1 for m in probes if f0 <= m.arrived <= f1)
+            row["sent_during_fault"] = len(inside)
         # After an instant fault (a kill, a handover): the first run after it.
-        # After a lasting one, only if sending stopped (nothing arrived in the
-        # fault's later part): the first run after it ended.
-        stopped = instant or not any(f0 + 1.5 <= m.arrived <= f1 for m in probes)
-        after = [m.arrived - f1 for m in probes if m.arrived > f1]
-        row["resumed_after_s"] = round(min(after), 1) if stopped and after else None
+        # After a lasting one that stopped sending: the first run after it ended.
+        end = f1 if instant else f1 - EDGE_S
+        after = [m.arrived - f1 for m in probes if m.arrived > end]
+        stopped = instant or not inside
+        row["resumed_after_s"] = round(max(0.0, min(after)), 1) if stopped and after else None
     # exit times relative to the fault's start (the window's when there is none)
     t0 = window.fault[0] if window.fault else window.start
     row["exits"] = [
@@ -960,18 +965,20 @@ def arrivals(run: Run, messages: list[Message], window: Window) -> dict[str, lis
 
 def describe(row: dict[str, Any]) -> str:
     """What the processes did, in a few words."""
-    crashes = Counter(f"exit {e['code']} ({e['reason']})" for e in row["exits"] if not e["by_run"])
+    crashed = [e for e in row["exits"] if not e["by_run"]]
+    killed = len(row["exits"]) - len(crashed)
+    crashes = Counter(f"exit {e['code']} ({e['reason']})" for e in crashed)
     parts = []
     if crashes:
-        first = min(e["at_s"] for e in row["exits"] if not e["by_run"])
+        first = min(e["at_s"] for e in crashed)
         parts.append(
             ", ".join(f"{what} x{n}" if n > 1 else what for what, n in crashes.items())
-            + f", first at t{first:+g} s"
+            + f", first at t{first:+g} s; {row['restarts'] - killed} restart(s)"
         )
-    if row["restarts"]:
-        parts.append(f"{row['restarts']} restart(s)")
-    if not crashes:
-        parts.insert(0, "none crashed")
+    else:
+        parts.append("none crashed")
+    if killed:
+        parts.append("the killed one restarted" if row["restarts"] else "the killed one down")
     resumed = row.get("resumed_after_s")
     if resumed is not None:
         after = "it" if row["fault_s"] < 2 else "it ended"
