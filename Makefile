@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick chaos clean
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick chaos compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-quick: $(STAMP)
 # (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.
 chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py --duration 600 --seed 1 --json benchmarks/results/chaos-latest.json
+
+# The same failures applied to real beat processes of singlebeat, celery-redbeat,
+# django-celery-beat and Celery's default (benchmarks/README.md), about 5 minutes.
+compare: $(STAMP)
+	$(BIN)/python benchmarks/compare_failures.py --json benchmarks/results/compare-latest.json
 
 clean:
 	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -48,6 +48,7 @@ NAMES = {
     "singlebeat": "celery-singlebeat",
     "default": "celery default (PersistentScheduler)",
     "redbeat": "celery-redbeat",
+    "django": "django-celery-beat",
     "sendloop": "plain app.send_task loop",
     "batchbeat": "uncoordinated batch sender (no database)",
 }
@@ -125,6 +126,8 @@ def machine() -> dict[str, Any]:
         "kombu": _version("kombu"),
         "sqlalchemy": _version("SQLAlchemy"),
         "celery_redbeat": _version("celery-redbeat"),
+        "django_celery_beat": _version("django-celery-beat"),
+        "django": _version("Django"),
         "redis_py": _version("redis"),
         "psycopg": _version("psycopg"),
         "postgresql_server": _server_version(PG_URL, "SHOW server_version"),
@@ -160,13 +163,18 @@ class Replica:
     process: subprocess.Popen[str]
     ready: threading.Event = field(default_factory=threading.Event)
     lines: list[str] = field(default_factory=list)
+    #: set once the process closed its output: ``lines`` holds all of it
+    eof: threading.Event = field(default_factory=threading.Event)
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if "BENCH-READY" in line:
-                self.ready.set()
-            self.lines.append(line.rstrip())
+        try:
+            for line in self.process.stdout:
+                if "BENCH-READY" in line:
+                    self.ready.set()
+                self.lines.append(line.rstrip())
+        finally:
+            self.eof.set()
 
     @classmethod
     def start(cls, argv: Sequence[str], env: dict[str, str], cwd: str) -> Replica:
@@ -233,17 +241,27 @@ class Scenario:
         self.running: list[Replica] = []
 
     def start(self, stamp: bool) -> None:
-        env = {**self.env, "BENCH_STAMP": "1" if stamp else "0"}
         for i in range(self.replicas):
-            if self.kind in ("sendloop", "batchbeat"):
-                seconds = self.config.plan.rate_warmup + self.config.plan.rate_window + 3
-                argv = [sys.executable, str(HERE / "benchapp.py"), self.kind, str(seconds)]
-            else:
-                # -l warning for every scheduler: singlebeat logs each slot it wins at
-                # INFO, Celery and redbeat each task they send; none of it is measured.
-                argv = [CELERY, "-A", "benchapp", "beat", "-l", "warning"]
-                argv += ["-s", os.path.join(self.workdir, f"schedule-{i}")]
-            self.running.append(Replica.start(argv, env, self.workdir))
+            self.start_replica(i, stamp)
+
+    def start_replica(
+        self, index: int, stamp: bool = True, env: dict[str, str] | None = None
+    ) -> Replica:
+        """Start replica ``index``, with ``env`` on top of the scenario's. Started
+        again after it stopped, it keeps its schedule file, as a restarted
+        container keeps its pod's volume."""
+        env = {**self.env, "BENCH_STAMP": "1" if stamp else "0", **(env or {})}
+        if self.kind in ("sendloop", "batchbeat"):
+            seconds = self.config.plan.rate_warmup + self.config.plan.rate_window + 3
+            argv = [sys.executable, str(HERE / "benchapp.py"), self.kind, str(seconds)]
+        else:
+            # -l warning for every scheduler: singlebeat logs each slot it wins at
+            # INFO, Celery and redbeat each task they send; none of it is measured.
+            argv = [CELERY, "-A", "benchapp", "beat", "-l", "warning"]
+            argv += ["-s", os.path.join(self.workdir, f"schedule-{index}")]
+        replica = Replica.start(argv, env, self.workdir)
+        self.running.append(replica)
+        return replica
 
     def wait_ready(self, timeout: float = 60.0) -> float:
         deadline = time.monotonic() + timeout
@@ -573,18 +591,27 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
     return "\n".join([title, rule, line(cells[0]), rule, *(line(r) for r in cells[1:]), rule])
 
 
+def describe_machine(m: dict[str, Any], servers_note: str) -> list[str]:
+    """The lines every table is preceded by: what :func:`machine` found."""
+    return [
+        f"machine: {m['nproc']} CPUs, {m['cpu']}, load average {m['load_average_1m_at_start']} "
+        f"at start; Python {m['python']}",
+        f"versions: celery {m['celery']}, kombu {m['kombu']}, SQLAlchemy {m['sqlalchemy']}, "
+        f"celery-redbeat {m['celery_redbeat']}, django-celery-beat "
+        f"{m.get('django_celery_beat', '?')} (Django {m.get('django', '?')}), "
+        f"redis-py {m['redis_py']}, psycopg {m['psycopg']}",
+        f"servers: PostgreSQL {m['postgresql_server']}, MariaDB {m['mariadb_server']}; "
+        + servers_note,
+    ]
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     plan = results["plan"]
     out = [
         "celery-singlebeat benchmark"
         + (" (--quick: short windows, rough figures)" if plan["quick"] else ""),
-        f"machine: {m['nproc']} CPUs, {m['cpu']}, load average {m['load_average_1m_at_start']} "
-        f"at start; Python {m['python']}",
-        f"versions: celery {m['celery']}, kombu {m['kombu']}, SQLAlchemy {m['sqlalchemy']}, "
-        f"celery-redbeat {m['celery_redbeat']}, redis-py {m['redis_py']}, psycopg {m['psycopg']}",
-        f"servers: PostgreSQL {m['postgresql_server']}, MariaDB {m['mariadb_server']}; "
-        f"broker Redis DB {results['redis_db']}",
+        *describe_machine(m, f"broker Redis DB {results['redis_db']}"),
         "",
     ]
     rows: list[tuple[Any, ...]]

@@ -5,13 +5,21 @@ variables so that the harness (``bench_scheduler.py``) starts each replica with
 the same code and only the scheduler differs:
 
 * ``BENCH_SCHEDULER``: ``singlebeat``, ``default`` (Celery's
-  ``PersistentScheduler``) or ``redbeat``
+  ``PersistentScheduler``), ``redbeat`` or ``django`` (django-celery-beat's
+  ``DatabaseScheduler``, with Django set up from ``compare_django_settings``,
+  its database at ``BENCH_DJANGO_DB``)
 * ``BENCH_BROKER``/``BENCH_QUEUE``: the Redis broker and the queue messages land in
 * ``BENCH_ENTRIES``/``BENCH_EVERY``: that many interval entries, every BENCH_EVERY s
 * ``BENCH_DB_URL``/``BENCH_PREFIX``: singlebeat's database and table prefix
-* ``BENCH_REDBEAT_URL``/``BENCH_REDBEAT_PREFIX``: redbeat's Redis and key prefix
+* ``BENCH_REDBEAT_URL``/``BENCH_REDBEAT_PREFIX``: redbeat's Redis and key prefix;
+  ``BENCH_REDBEAT_LOCK_TIMEOUT``: its lock timeout in seconds (300);
+  ``BENCH_REDBEAT_RETRY_PERIOD``: its ``redbeat_redis_options["retry_period"]``
+  (unset: redbeat does not retry Redis calls)
 * ``BENCH_STAMP=1``: stamp each message with the instant it was published
-  (header ``bench_sent_us``), so the harness can count a time window exactly.
+  (header ``bench_sent_us``, on the publishing process's clock) and the pid
+  that published it (``bench_sent_pid``), so the harness can count a time
+  window exactly and tell which replica sent what.
+* ``BENCH_CRON=1``: one more entry, ``cron-0``, a crontab every minute (args ``(-1,)``).
 
 * ``BENCH_BURST=N`` and ``BENCH_BURST_EVERY=P``: of the BENCH_ENTRIES entries,
   the first N run every P seconds and the rest once a day (all registered at
@@ -53,6 +61,7 @@ SCHEDULERS = {
     "singlebeat": "celery_singlebeat.SingleBeatScheduler",
     "default": "celery.beat:PersistentScheduler",
     "redbeat": "redbeat.RedBeatScheduler",
+    "django": "django_celery_beat.schedulers:DatabaseScheduler",
 }
 
 TASK = "benchapp.probe"
@@ -61,6 +70,14 @@ kind = os.environ.get("BENCH_SCHEDULER", "singlebeat")
 entries = int(os.environ.get("BENCH_ENTRIES", "5"))
 every = float(os.environ.get("BENCH_EVERY", "1"))
 queue = os.environ.get("BENCH_QUEUE", "bench")
+
+if kind == "django":
+    # DatabaseScheduler reads its entries through the Django ORM: Django must be
+    # set up before Celery instantiates the scheduler.
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "compare_django_settings")
+    django.setup()
 
 app = Celery("benchapp", broker=os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9"))
 app.conf.update(
@@ -74,10 +91,15 @@ app.conf.update(
     singlebeat_table_prefix=os.environ.get("BENCH_PREFIX", "singlebeat_"),
     redbeat_redis_url=os.environ.get("BENCH_REDBEAT_URL", "redis://127.0.0.1:6379/10"),
     redbeat_key_prefix=os.environ.get("BENCH_REDBEAT_PREFIX", "redbeat:"),
-    # A lock far longer than the run: standbys must stay standbys while we measure.
-    redbeat_lock_timeout=300,
+    # By default a lock far longer than the run: standbys must stay standbys while
+    # the benchmarks measure; compare_failures.py sets a short one to see failover.
+    redbeat_lock_timeout=float(os.environ.get("BENCH_REDBEAT_LOCK_TIMEOUT", "300")),
     beat_schedule={},
 )
+if os.environ.get("BENCH_REDBEAT_RETRY_PERIOD"):
+    app.conf.redbeat_redis_options = {
+        "retry_period": float(os.environ["BENCH_REDBEAT_RETRY_PERIOD"])
+    }
 burst = int(os.environ.get("BENCH_BURST", "0"))
 burst_every = float(os.environ.get("BENCH_BURST_EVERY", "10"))
 app.conf.beat_schedule = {
@@ -90,6 +112,10 @@ app.conf.beat_schedule = {
     }
     for i in range(entries)
 }
+if os.environ.get("BENCH_CRON") == "1":
+    from celery.schedules import crontab
+
+    app.conf.beat_schedule["cron-0"] = {"task": TASK, "schedule": crontab(), "args": (-1,)}
 
 
 @app.task(name=TASK)
@@ -129,6 +155,7 @@ if os.environ.get("BENCH_STAMP") == "1":
         # Measured on this host's clock, like the harness's window bounds.
         if headers is not None:
             headers["bench_sent_us"] = time.time_ns() // 1000
+            headers["bench_sent_pid"] = os.getpid()
 
 
 @beat_init.connect(weak=False)

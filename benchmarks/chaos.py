@@ -219,6 +219,14 @@ class Postgres:
     def restart(self) -> None:
         self._ctl("restart", "-m", "fast")
 
+    def stop(self) -> None:
+        """Shut the server down (fast: every session is cut) until :meth:`resume`."""
+        self._ctl("stop", "-m", "fast")
+
+    def resume(self) -> None:
+        """Start the server again after :meth:`stop`, on the same port and data."""
+        self._ctl("start")
+
     def close(self, keep: bool) -> None:
         try:
             self._ctl("stop", "-m", "immediate")

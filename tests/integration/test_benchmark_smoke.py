@@ -1,11 +1,12 @@
-"""``benchmarks/bench_*.py --quick`` run to the end and print every row.
+"""``benchmarks/bench_*.py --quick`` and ``compare_failures.py --quick`` run to
+the end and print every row.
 
 Not timed tests: they assert that the scripts complete against the real
 services and that their tables have the expected rows, plus the outcomes that
-do not depend on the machine's speed (singlebeat never duplicates; three
-independent default schedulers do; a tick costs a constant number of
-statements whatever the number of due entries; a SingletonTask execution costs
-a fixed number of statements).
+do not depend on the machine's speed (singlebeat never duplicates, nor loses a
+run to a kill or a pause; three independent default schedulers duplicate; a
+tick costs a constant number of statements whatever the number of due entries;
+a SingletonTask execution costs a fixed number of statements).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
 SCALE = ROOT / "benchmarks" / "bench_scale.py"
 SINGLETON = ROOT / "benchmarks" / "bench_singleton.py"
+COMPARE = ROOT / "benchmarks" / "compare_failures.py"
 
 pytestmark = pytest.mark.slow
 
@@ -216,3 +218,46 @@ def test_singleton_run_completes_with_every_row(
         for kind in ("plain", "singleton", "slot"):
             assert row[kind]["per_s"] > 0, row
             assert row[kind]["round_trips"] == same[kind]["round_trips"], (kind, row)
+
+
+#: schedulers and replicas of each scenario the short comparison runs
+COMPARED = {
+    "normal": {"singlebeat": 3, "redbeat": 3, "django": 3, "default": 3},
+    "kill": {"singlebeat": 3, "redbeat": 3, "django": 1, "default": 1},
+    "pause": {"singlebeat": 3, "redbeat": 3, "django": 1, "default": 1},
+}
+
+
+def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+    """``compare_failures.py --quick`` on the faults that need no server of its
+    own: every scheduler's row is produced, and singlebeat loses and doubles
+    nothing, whatever the others do (their figures are not asserted)."""
+    out = tmp_path / "compare.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, str(COMPARE), "--quick", "--only", ",".join(COMPARED)),
+            *("--redis-db", "11", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    results = json.loads(out.read_text())
+    for heading in ("machine: ", "versions: celery ", "settings: "):
+        assert heading in result.stdout
+    rows = {(r["scenario"], r["scheduler"]): r for r in results["rows"]}
+    assert set(rows) == {(s, k) for s, lineup in COMPARED.items() for k in lineup}
+    for (scenario, kind), row in rows.items():
+        assert row["replicas"] == COMPARED[scenario][kind], row
+        assert row["runs_due"] > 0 and row["messages"] > 0, row
+        assert row["duplicates"] == row["messages"] - row["distinct_runs"], row
+        assert row["process"], row
+    for scenario in COMPARED:
+        ours = rows[scenario, "singlebeat"]
+        # the faults land between ticks: neither leaves singlebeat a repeat
+        assert ours["duplicates"] == 0 and ours["missed"] == 0, ours
+        assert ours["early"]["early"] == 0, ours
+        assert not [e for e in ours["exits"] if not e["by_run"]], ours
+    assert rows["kill", "singlebeat"]["exits"], "the kill scenario killed no singlebeat replica"
