@@ -206,8 +206,11 @@ class Scenario:
         every: float,
         config: Config,
         extra_env: dict[str, str] | None = None,
+        db_url: str = PG_URL,
     ):
         self.kind = kind
+        #: singlebeat's database (bench_load.py gives the run a database of its own)
+        self.db_url = db_url
         self.entries = entries
         self.replicas = replicas
         self.config = config
@@ -224,7 +227,7 @@ class Scenario:
             "BENCH_QUEUE": self.queue,
             "BENCH_ENTRIES": str(entries),
             "BENCH_EVERY": str(every),
-            "BENCH_DB_URL": PG_URL,
+            "BENCH_DB_URL": db_url,
             "BENCH_PREFIX": self.prefix,
             "BENCH_REDBEAT_URL": config.redbeat_url,
             "BENCH_REDBEAT_PREFIX": self.redbeat_prefix,
@@ -235,6 +238,8 @@ class Scenario:
     def start(self, stamp: bool) -> None:
         env = {**self.env, "BENCH_STAMP": "1" if stamp else "0"}
         for i in range(self.replicas):
+            # the replica's index names its database sessions (application_name)
+            env["BENCH_REPLICA"] = str(i)
             if self.kind in ("sendloop", "batchbeat"):
                 seconds = self.config.plan.rate_warmup + self.config.plan.rate_window + 3
                 argv = [sys.executable, str(HERE / "benchapp.py"), self.kind, str(seconds)]
@@ -264,7 +269,7 @@ class Scenario:
         _delete_keys(self.config.broker, f"_kombu.binding*{self.queue}*")
         _delete_keys(self.config.redbeat, f"{self.redbeat_prefix}*")
         if self.kind == "singlebeat":
-            _drop_tables(PG_URL, self.prefix)
+            _drop_tables(self.db_url, self.prefix)
         for path in Path(self.workdir).glob("*"):
             path.unlink()
         os.rmdir(self.workdir)
@@ -381,12 +386,13 @@ def _count_duplicates(
     }
 
 
-def _delays(delays_ms: list[float]) -> dict[str, float]:
-    """Dispatch delay (slot instant to publish): median, 95th percentile, max."""
+def _delays(delays_ms: list[float], percentile: int = 95) -> dict[str, float]:
+    """Dispatch delay (slot instant to publish): median, a percentile, max."""
     ordered = sorted(delays_ms)
+    at = min(len(ordered) - 1, int(len(ordered) * percentile / 100))
     return {
         "delay_ms_median": round(statistics.median(ordered), 1),
-        "delay_ms_p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 1),
+        f"delay_ms_p{percentile}": round(ordered[at], 1),
         "delay_ms_max": round(ordered[-1], 1),
     }
 
@@ -573,18 +579,24 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
     return "\n".join([title, rule, line(cells[0]), rule, *(line(r) for r in cells[1:]), rule])
 
 
-def render(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    plan = results["plan"]
-    out = [
-        "celery-singlebeat benchmark"
-        + (" (--quick: short windows, rough figures)" if plan["quick"] else ""),
+def machine_lines(m: dict[str, Any], redis_db: int) -> list[str]:
+    """The machine, as every table is preceded by it."""
+    return [
         f"machine: {m['nproc']} CPUs, {m['cpu']}, load average {m['load_average_1m_at_start']} "
         f"at start; Python {m['python']}",
         f"versions: celery {m['celery']}, kombu {m['kombu']}, SQLAlchemy {m['sqlalchemy']}, "
         f"celery-redbeat {m['celery_redbeat']}, redis-py {m['redis_py']}, psycopg {m['psycopg']}",
         f"servers: PostgreSQL {m['postgresql_server']}, MariaDB {m['mariadb_server']}; "
-        f"broker Redis DB {results['redis_db']}",
+        f"broker Redis DB {redis_db}",
+    ]
+
+
+def render(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    out = [
+        "celery-singlebeat benchmark"
+        + (" (--quick: short windows, rough figures)" if plan["quick"] else ""),
+        *machine_lines(results["machine"], results["redis_db"]),
         "",
     ]
     rows: list[tuple[Any, ...]]
