@@ -5,7 +5,8 @@ services and that their tables have the expected rows, plus the outcomes that
 do not depend on the machine's speed (singlebeat never duplicates; three
 independent default schedulers do; a tick costs a constant number of
 statements whatever the number of due entries; a SingletonTask execution costs
-a fixed number of statements).
+a fixed number of statements; under the load run's mix of crontabs and
+intervals every due slot is sent exactly once).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
 SCALE = ROOT / "benchmarks" / "bench_scale.py"
 SINGLETON = ROOT / "benchmarks" / "bench_singleton.py"
+LOAD = ROOT / "benchmarks" / "bench_load.py"
 
 pytestmark = pytest.mark.slow
 
@@ -209,3 +211,40 @@ def test_singleton_run_completes_with_every_row(
         for kind in ("plain", "singleton", "slot"):
             assert row[kind]["per_s"] > 0, row
             assert row[kind]["round_trips"] == same[kind]["round_trips"], (kind, row)
+
+
+def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    # 3 replicas, 2,000 entries (1,000 crontab() every minute), a 60 s window
+    result = subprocess.run(
+        [sys.executable, str(LOAD), "--quick", "--redis-db", "11", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for title in ("Load: 3 replicas", "Database (pg_stat_database", "Replicas ("):
+        assert title in result.stdout, title
+    assert "every due slot sent exactly once, nothing else sent: yes" in result.stdout
+    slots = results["load"]["slots"]
+    # the window holds a whole minute: the crontabs' burst is in it
+    assert slots["due_crontab"] >= 1000 and slots["due_interval"] > 0, slots
+    assert (slots["duplicates"], slots["missed"], slots["not_due"]) == (0, 0, 0), slots
+    assert slots["distinct"] == slots["messages"] == slots["due"], slots
+    assert slots["duplicates_whole_run"] == 0, slots
+    assert 0 <= slots["delay_ms_median"] <= slots["delay_ms_p99"] <= slots["delay_ms_max"]
+    database = results["load"]["database"]
+    for figure in ("transactions", "transactions_per_s", "statements", "backend_cpu_s"):
+        assert database[figure] > 0, (figure, database)
+    assert database["server_cpu_s"] >= database["backend_cpu_s"], database
+    # autocommit: each statement a transaction (a few from autovacuum, or in
+    # flight at the window's edges, may tip it either way)
+    assert 0.9 <= database["transactions_per_statement"] <= 1.1, database
+    replicas = results["load"]["replicas"]
+    assert len(replicas) == 3
+    for replica in replicas:
+        assert replica["statements"] > 0 and replica["cpu_s"] > 0, replica
+        assert replica["slots_sent"] > 0 and replica["peak_rss_mb"] > 0, replica
+    assert sum(r["slots_sent"] for r in replicas) == slots["due"]
