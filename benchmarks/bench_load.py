@@ -58,6 +58,10 @@ from bench_scheduler import (  # noqa: E402
 
 US = 1_000_000
 MINUTE_US = 60 * US
+#: singlebeat_missed_grace's default: a slot planned later than this is "missed"
+GRACE_MS = 5000.0
+#: celery beat's log lines that say something went wrong (the replicas run at -l warning)
+_WARNING = re.compile(r": (WARNING|ERROR|CRITICAL)/")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 PERIODS = (5.0, 10.0, 15.0, 30.0, 60.0)
 
@@ -437,6 +441,7 @@ def _judge(window: dict[str, Any], drain: Drain) -> dict[str, Any]:
     for e, a, s in sent:
         first[(e, a)] = min(s, first.get((e, a), s))
     crontab = sum(1 for e, _ in due if e.startswith("cron-"))
+    delays = sorted(((s - a) / 1000, e, a) for (e, a), s in first.items())
     return {
         "due": len(due),
         "due_crontab": crontab,
@@ -446,12 +451,42 @@ def _judge(window: dict[str, Any], drain: Drain) -> dict[str, Any]:
         "duplicates": len(sent) - len(counts),
         "missed": len(due - counts.keys()),
         "not_due": len(counts.keys() - due),
+        "bursts": _bursts(due, first),
+        "sent_after_grace": sum(1 for ms, _, _ in delays if ms > GRACE_MS),
+        "latest": [
+            {"entry": e, "slot": _iso(a), "delay_ms": round(ms, 1)} for ms, e, a in delays[-5:]
+        ],
         # a slot sent twice anywhere in the run, window or not
         "duplicates_whole_run": sum(
             n - 1 for n in Counter((e, a) for e, a, _ in drain.seen).values()
         ),
         **(_delays([(s - a) / 1000 for (_, a), s in first.items()], 99) if first else {}),
     }
+
+
+def _bursts(due: set[tuple[str, int]], first: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """The instants with 1,000 slots or more due at once: the delays' tail is there."""
+    sizes = Counter(a for _, a in due)
+    last: dict[int, int] = {}
+    kinds: dict[int, set[str]] = {}
+    for (e, a), s in first.items():
+        if sizes[a] >= 1000:
+            last[a] = max(last.get(a, s), s)
+            kinds.setdefault(a, set()).add(e.split("-")[0])
+    return [
+        {
+            "slot": _iso(a),
+            "due": sizes[a],
+            "kinds": sorted(kinds.get(a, ())),
+            "last_sent_after_ms": round((last[a] - a) / 1000, 1) if a in last else None,
+        }
+        for a in sorted(sizes)
+        if sizes[a] >= 1000
+    ]
+
+
+def _iso(at_us: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at_us // US)) + f".{at_us % US // 1000:03d}Z"
 
 
 def _database(window: dict[str, Any], statements: int, seconds: float) -> dict[str, Any]:
@@ -509,6 +544,13 @@ def _replicas(
                 "cpu_s": cpu,
                 "cpu_pct": round(100 * cpu / seconds, 1) if cpu is not None else None,
                 "peak_rss_mb": rss[i],
+                # whole run: a skipped slot, a takeover, a lease that ran out...
+                "log_warnings": [
+                    line
+                    for line in replica.lines
+                    # BENCH-READY: benchapp's print, through beat's stdout redirect
+                    if _WARNING.search(line) and "BENCH-" not in line
+                ],
             }
         )
     return rows
@@ -570,13 +612,33 @@ def render(results: dict[str, Any]) -> str:
             ],
         ),
         "every due slot sent exactly once, nothing else sent: "
-        + ("yes" if every_slot_once(s) else "NO"),
+        + ("yes" if every_slot_once(s) else "NO")
+        + f"; {s['sent_after_grace']} slots sent more than {GRACE_MS / 1000:g} s after "
+        "their instant",
+        _burst_line(s["bursts"]),
+        "latest: "
+        + ", ".join(f"{x['entry']}@{x['slot']} {x['delay_ms']:g} ms" for x in s["latest"][::-1]),
         "",
         _database_table(db),
         "",
         _replica_table(run["replicas"]),
+        "replicas' log lines at WARNING or above: "
+        + str(sum(len(r["log_warnings"]) for r in run["replicas"])),
+        *(line for r in run["replicas"] for line in r["log_warnings"][:3]),
     ]
     return "\n".join(out)
+
+
+def _burst_line(bursts: list[dict[str, Any]]) -> str:
+    """The largest bursts: when, of which entries, how long until the last was sent."""
+    largest = max((b["due"] for b in bursts), default=0)
+    each = ", ".join(
+        f"{b['slot']} {'crontabs' if b['kinds'] == ['cron'] else 'intervals'} "
+        f"{b['last_sent_after_ms']:g} ms"
+        for b in bursts
+        if b["due"] == largest
+    )
+    return f"largest bursts, {largest} slots at one instant, last sent after: {each}"
 
 
 def _pct(seconds: float | None, pct: float | None) -> str:

@@ -235,6 +235,9 @@ def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_p
     assert slots["distinct"] == slots["messages"] == slots["due"], slots
     assert slots["duplicates_whole_run"] == 0, slots
     assert 0 <= slots["delay_ms_median"] <= slots["delay_ms_p99"] <= slots["delay_ms_max"]
+    # the 1,000 crontabs at the minute, and each burst's last slot was sent
+    assert any(b["kinds"] == ["cron"] and b["due"] == 1000 for b in slots["bursts"]), slots
+    assert all(b["last_sent_after_ms"] is not None for b in slots["bursts"]), slots
     database = results["load"]["database"]
     for figure in ("transactions", "transactions_per_s", "statements", "backend_cpu_s"):
         assert database[figure] > 0, (figure, database)
@@ -247,4 +250,5 @@ def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_p
     for replica in replicas:
         assert replica["statements"] > 0 and replica["cpu_s"] > 0, replica
         assert replica["slots_sent"] > 0 and replica["peak_rss_mb"] > 0, replica
+        assert isinstance(replica["log_warnings"], list)
     assert sum(r["slots_sent"] for r in replicas) == slots["due"]
