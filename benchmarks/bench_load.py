@@ -49,11 +49,11 @@ from bench_scheduler import (  # noqa: E402
     Scenario,
     _delays,
     _sleep_until,
+    finish,
     machine,
     machine_lines,
     running,
     table,
-    write_results,
 )
 
 US = 1_000_000
@@ -717,15 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     results["load"] = measure(config, plan)
     results["every_slot_once"] = every_slot_once(results["load"]["slots"])
-    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(render(results))
-    print(
-        f"\n(run took {results['elapsed_s']:g} s; load average at end "
-        f"{results['load_average_1m_at_end']})"
-    )
     name = "load-latest-quick.json" if args.quick else "load-latest.json"
-    write_results(results, args.json or HERE / "results" / name)
+    finish(results, started, render, args.json or HERE / "results" / name)
     return 0 if results["every_slot_once"] else 1
 
 

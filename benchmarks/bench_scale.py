@@ -50,10 +50,10 @@ from bench_scheduler import (  # noqa: E402
     _drop_tables,
     _rate,
     _sleep_until,
+    finish,
     machine,
     running,
     table,
-    write_results,
 )
 
 #: the issue's targets
@@ -530,15 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["sharing_verdicts"] = verdicts(results)
     if 5 in only:
         results["burst"] = measure_burst(config, plan)
-    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(render(results))
-    print(
-        f"\n(run took {results['elapsed_s']:g} s; load average at end "
-        f"{results['load_average_1m_at_end']})"
-    )
     name = "scale-latest-quick.json" if args.quick else "scale-latest.json"
-    write_results(results, args.json or HERE / "results" / name)
+    finish(results, started, render, args.json or HERE / "results" / name)
     return 0
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import metadata
@@ -729,12 +729,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             ours["dispatches_per_s"] >= SINGLEBEAT_TARGET
             and ours["dispatches_per_s"] >= 3 * redbeat["dispatches_per_s"]
         )
+    name = "latest-quick.json" if args.quick else "latest.json"
+    finish(results, started, render, args.json or HERE / "results" / name)
+    return 0
+
+
+def finish(
+    results: dict[str, Any],
+    started: float,
+    render: Callable[[dict[str, Any]], str],
+    path: Path,
+) -> None:
+    """End a run begun at monotonic ``started``: note the load average at its end
+    and its duration, print its tables, write its results to ``path``."""
+    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print(render(results))
-    print(f"\n(run took {results['elapsed_s']:g} s)")
-    name = "latest-quick.json" if args.quick else "latest.json"
-    write_results(results, args.json or HERE / "results" / name)
-    return 0
+    print(
+        f"\n(run took {results['elapsed_s']:g} s; load average at end "
+        f"{results['load_average_1m_at_end']})"
+    )
+    write_results(results, path)
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:

@@ -46,9 +46,9 @@ from bench_scheduler import (  # noqa: E402
     Replica,
     _delete_keys,
     _drop_tables,
+    finish,
     machine,
     table,
-    write_results,
 )
 
 #: the issue's target: added time per execution on PostgreSQL.
@@ -677,15 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if 9 in only:
         results["worker"] = measure_worker(config, plan)
     _verdict(results)
-    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(render(results))
-    print(
-        f"\n(run took {results['elapsed_s']:g} s; load average at end "
-        f"{results['load_average_1m_at_end']})"
-    )
     name = "singleton-latest-quick.json" if args.quick else "singleton-latest.json"
-    write_results(results, args.json or HERE / "results" / name)
+    finish(results, started, render, args.json or HERE / "results" / name)
     return 0
 
 

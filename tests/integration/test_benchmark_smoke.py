@@ -29,21 +29,30 @@ LOAD = ROOT / "benchmarks" / "bench_load.py"
 pytestmark = pytest.mark.slow
 
 
-def test_quick_run_completes_with_every_row(
-    pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
-) -> None:
-    out = tmp_path / "quick.json"
-    # Redis DB 11 (broker) and 12 (redbeat): the full benchmark uses 9 and 10.
+def run_quick(
+    script: Path, tmp_path: Path, *args: str, timeout: float = 180
+) -> tuple[str, dict[str, Any]]:
+    """Run ``script --quick`` to the end; its stdout and the results it wrote.
+
+    Redis DB 11 (broker) and 12 (redbeat): the full benchmarks use 9 and 10
+    (the load run 13)."""
+    out = tmp_path / f"{script.stem}.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--redis-db", "11", "--json", str(out)],
+        [sys.executable, str(script), "--quick", *args, "--redis-db", "11", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
-    _check_tables(result.stdout, results)
+    return result.stdout, json.loads(out.read_text())
+
+
+def test_quick_run_completes_with_every_row(
+    pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    stdout, results = run_quick(SCRIPT, tmp_path)
+    _check_tables(stdout, results)
     _check_duplicates(results["duplicates"])
     _check_round_trips(results["round_trips"])
     _check_rates(results)
@@ -125,18 +134,9 @@ def _check_rates(results: dict[str, Any]) -> None:
 def test_quick_scale_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "scale.json"
-    result = subprocess.run(
-        [sys.executable, str(SCALE), "--quick", "--redis-db", "11", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(SCALE, tmp_path, timeout=240)
     for title in ("4. Load sharing", "5. ", "6. Start-up", "7. Idle cost"):
-        assert title in result.stdout, title
+        assert title in stdout, title
     sharing = {(r["sender"], r["replicas"]): r for r in results["sharing"]}
     assert set(sharing) == {("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3)}
     for row in sharing.values():
@@ -166,22 +166,10 @@ SINGLETON_TRIPS = {
 def test_singleton_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "singleton.json"
-    result = subprocess.run(
-        [
-            *(sys.executable, str(SINGLETON), "--quick", "--executions", "20", "--batch", "20"),
-            *("--redis-db", "11", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(SINGLETON, tmp_path, "--executions", "20", "--batch", "20")
     for title in ("8. Per execution in-process", "9. End to end", "10. SQL round trips"):
-        assert title in result.stdout, title
-    assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in result.stdout
+        assert title in stdout, title
+    assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in stdout
     assert isinstance(results["postgresql_within_target"], bool)
     databases = ["PostgreSQL", "MariaDB", "SQLite"]
     inprocess = results["inprocess"]
@@ -214,20 +202,11 @@ def test_singleton_run_completes_with_every_row(
 
 
 def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "load.json"
     # 3 replicas, 2,000 entries (1,000 crontab() every minute), a 60 s window
-    result = subprocess.run(
-        [sys.executable, str(LOAD), "--quick", "--redis-db", "11", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(LOAD, tmp_path)
     for title in ("Load: 3 replicas", "Database (pg_stat_database", "Replicas ("):
-        assert title in result.stdout, title
-    assert "every due slot sent exactly once, nothing else sent: yes" in result.stdout
+        assert title in stdout, title
+    assert "every due slot sent exactly once, nothing else sent: yes" in stdout
     slots = results["load"]["slots"]
     # the window holds a whole minute: the crontabs' burst is in it
     assert slots["due_crontab"] >= 1000 and slots["due_interval"] > 0, slots
