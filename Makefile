@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick chaos compare clean
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load chaos compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,11 +71,18 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_singleton.py
+	$(BIN)/python benchmarks/bench_load.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/bench_scheduler.py --quick
 	$(BIN)/python benchmarks/bench_scale.py --quick
 	$(BIN)/python benchmarks/bench_singleton.py --quick
+	$(BIN)/python benchmarks/bench_load.py --quick
+
+# 3 beat replicas, 10,000 entries (half crontab() every minute), 5 minutes, in a
+# PostgreSQL database of its own; exits non-zero unless every slot was sent once.
+bench-load: $(STAMP)
+	$(BIN)/python benchmarks/bench_load.py
 
 # 5 beat replicas, 2 workers, own PostgreSQL and Redis, 10 minutes of seeded faults
 # (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.

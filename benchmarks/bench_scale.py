@@ -22,6 +22,7 @@ Redis DB 9 by default (``--redis-db N``), like bench_scheduler.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -49,10 +50,11 @@ from bench_scheduler import (  # noqa: E402
     _drop_tables,
     _rate,
     _sleep_until,
+    describe_machine,
+    finish,
     machine,
     running,
     table,
-    write_results,
 )
 
 #: the issue's targets
@@ -96,7 +98,7 @@ def _owners(scenario: Scenario, window: Sequence[float], column: str = "sent_us"
     instant) falls in the wall-clock window; the database runs on this host."""
     from sqlalchemy import create_engine, text
 
-    engine = create_engine(PG_URL)
+    engine = create_engine(scenario.db_url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(
@@ -150,35 +152,36 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def measure_burst(config: Config, plan: ScalePlan) -> dict[str, Any]:
+def wait_registered(scenario: Scenario, timeout: float = 120) -> dict[str, int]:
+    """Every entry's anchor, once the replicas registered them (one statement)."""
     from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import ProgrammingError
 
+    engine = create_engine(scenario.db_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            # ProgrammingError: no table yet
+            with contextlib.suppress(ProgrammingError), engine.connect() as conn:
+                rows = conn.execute(text(f"SELECT name, anchor_us FROM {scenario.prefix}entries"))
+                anchors = {str(name): int(anchor) for name, anchor in rows}
+                if len(anchors) == scenario.entries:
+                    return anchors
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"entries were not registered in {timeout:g} s")
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+
+
+def measure_burst(config: Config, plan: ScalePlan) -> dict[str, Any]:
     extra = {"BENCH_BURST": str(plan.burst), "BENCH_BURST_EVERY": str(plan.burst_every)}
     scenario = Scenario("singlebeat", 3, plan.registered, 1.0, config, extra_env=extra)
     started = time.time()
     try:
         with running([scenario], stamp=True):
             ready = scenario.wait_ready(timeout=120)
-            engine = create_engine(PG_URL)
-            try:
-                deadline = time.monotonic() + 120
-                anchor = None
-                while anchor is None:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("entries were not registered in 120 s")
-                    time.sleep(0.2)
-                    with engine.connect() as conn:
-                        try:
-                            anchor = conn.execute(
-                                text(
-                                    f"SELECT anchor_us FROM {scenario.prefix}entries "
-                                    "WHERE name = 'probe-0'"
-                                )
-                            ).scalar()
-                        except Exception:  # tables not created yet
-                            anchor = None
-            finally:
-                engine.dispose()
+            anchor = wait_registered(scenario)["probe-0"]
             registered_after = anchor / 1e6 - started
             period_us = int(plan.burst_every * 1e6)
             # the burst to measure: after every replica is up, plus warm-up bursts
@@ -357,11 +360,7 @@ def render(results: dict[str, Any]) -> str:
     out = [
         "celery-singlebeat scale benchmark"
         + (" (--quick: smaller loads, short windows)" if results["plan"]["quick"] else ""),
-        f"machine: {m['nproc']} CPUs, {m['cpu']}, load average {m['load_average_1m_at_start']} "
-        f"at start; Python {m['python']}",
-        f"versions: celery {m['celery']}, kombu {m['kombu']}, SQLAlchemy {m['sqlalchemy']}, "
-        f"psycopg {m['psycopg']}; PostgreSQL {m['postgresql_server']}, "
-        f"MariaDB {m['mariadb_server']}; broker Redis DB {results['redis_db']}",
+        *describe_machine(m, f"broker Redis DB {results['redis_db']}"),
         "",
     ]
     plan = results["plan"]
@@ -563,15 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["sharing_verdicts"] = verdicts(results)
     if 5 in only:
         results["burst"] = measure_burst(config, plan)
-    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(render(results))
-    print(
-        f"\n(run took {results['elapsed_s']:g} s; load average at end "
-        f"{results['load_average_1m_at_end']})"
-    )
     name = "scale-latest-quick.json" if args.quick else "scale-latest.json"
-    write_results(results, args.json or HERE / "results" / name)
+    finish(results, started, render, args.json or HERE / "results" / name)
     return 0
 
 

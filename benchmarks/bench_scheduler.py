@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import metadata
@@ -214,8 +214,11 @@ class Scenario:
         every: float,
         config: Config,
         extra_env: dict[str, str] | None = None,
+        db_url: str = PG_URL,
     ):
         self.kind = kind
+        #: singlebeat's database (bench_load.py gives the run a database of its own)
+        self.db_url = db_url
         self.entries = entries
         self.replicas = replicas
         self.config = config
@@ -232,7 +235,7 @@ class Scenario:
             "BENCH_QUEUE": self.queue,
             "BENCH_ENTRIES": str(entries),
             "BENCH_EVERY": str(every),
-            "BENCH_DB_URL": PG_URL,
+            "BENCH_DB_URL": db_url,
             "BENCH_PREFIX": self.prefix,
             "BENCH_REDBEAT_URL": config.redbeat_url,
             "BENCH_REDBEAT_PREFIX": self.redbeat_prefix,
@@ -251,6 +254,8 @@ class Scenario:
         again after it stopped, it keeps its schedule file, as a restarted
         container keeps its pod's volume."""
         env = {**self.env, "BENCH_STAMP": "1" if stamp else "0", **(env or {})}
+        # the replica's index names its database sessions (application_name)
+        env["BENCH_REPLICA"] = str(index)
         if self.kind in ("sendloop", "batchbeat"):
             seconds = self.config.plan.rate_warmup + self.config.plan.rate_window + 3
             argv = [sys.executable, str(HERE / "benchapp.py"), self.kind, str(seconds)]
@@ -282,7 +287,7 @@ class Scenario:
         _delete_keys(self.config.broker, f"_kombu.binding*{self.queue}*")
         _delete_keys(self.config.redbeat, f"{self.redbeat_prefix}*")
         if self.kind == "singlebeat":
-            _drop_tables(PG_URL, self.prefix)
+            _drop_tables(self.db_url, self.prefix)
         for path in Path(self.workdir).glob("*"):
             path.unlink()
         os.rmdir(self.workdir)
@@ -399,12 +404,13 @@ def _count_duplicates(
     }
 
 
-def _delays(delays_ms: list[float]) -> dict[str, float]:
-    """Dispatch delay (slot instant to publish): median, 95th percentile, max."""
+def _delays(delays_ms: list[float], percentile: int = 95) -> dict[str, float]:
+    """Dispatch delay (slot instant to publish): median, a percentile, max."""
     ordered = sorted(delays_ms)
+    at = min(len(ordered) - 1, int(len(ordered) * percentile / 100))
     return {
         "delay_ms_median": round(statistics.median(ordered), 1),
-        "delay_ms_p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 1),
+        f"delay_ms_p{percentile}": round(ordered[at], 1),
         "delay_ms_max": round(ordered[-1], 1),
     }
 
@@ -744,12 +750,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             ours["dispatches_per_s"] >= SINGLEBEAT_TARGET
             and ours["dispatches_per_s"] >= 3 * redbeat["dispatches_per_s"]
         )
+    name = "latest-quick.json" if args.quick else "latest.json"
+    finish(results, started, render, args.json or HERE / "results" / name)
+    return 0
+
+
+def finish(
+    results: dict[str, Any],
+    started: float,
+    render: Callable[[dict[str, Any]], str],
+    path: Path,
+) -> None:
+    """End a run begun at monotonic ``started``: note the load average at its end
+    and its duration, print its tables, write its results to ``path``."""
+    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print(render(results))
-    print(f"\n(run took {results['elapsed_s']:g} s)")
-    name = "latest-quick.json" if args.quick else "latest.json"
-    write_results(results, args.json or HERE / "results" / name)
-    return 0
+    print(
+        f"\n(run took {results['elapsed_s']:g} s; load average at end "
+        f"{results['load_average_1m_at_end']})"
+    )
+    write_results(results, path)
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:

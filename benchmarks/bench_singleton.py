@@ -46,9 +46,10 @@ from bench_scheduler import (  # noqa: E402
     Replica,
     _delete_keys,
     _drop_tables,
+    describe_machine,
+    finish,
     machine,
     table,
-    write_results,
 )
 
 #: the issue's target: added time per execution on PostgreSQL.
@@ -504,11 +505,7 @@ def render(results: dict[str, Any]) -> str:
     out = [
         "celery-singlebeat SingletonTask benchmark"
         + (" (--quick: fewer executions, rough figures)" if plan["quick"] else ""),
-        f"machine: {m['nproc']} CPUs, {m['cpu']}, load average {m['load_average_1m_at_start']} "
-        f"at start; Python {m['python']}",
-        f"versions: celery {m['celery']}, kombu {m['kombu']}, SQLAlchemy {m['sqlalchemy']}, "
-        f"psycopg {m['psycopg']}; PostgreSQL {m['postgresql_server']}, "
-        f"MariaDB {m['mariadb_server']}; broker Redis DB {results['redis_db']}",
+        *describe_machine(m, f"broker Redis DB {results['redis_db']}"),
         "",
     ]
     rows: list[tuple[Any, ...]]
@@ -677,15 +674,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if 9 in only:
         results["worker"] = measure_worker(config, plan)
     _verdict(results)
-    results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    print(render(results))
-    print(
-        f"\n(run took {results['elapsed_s']:g} s; load average at end "
-        f"{results['load_average_1m_at_end']})"
-    )
     name = "singleton-latest-quick.json" if args.quick else "singleton-latest.json"
-    write_results(results, args.json or HERE / "results" / name)
+    finish(results, started, render, args.json or HERE / "results" / name)
     return 0
 
 

@@ -24,6 +24,14 @@ the same code and only the scheduler differs:
 * ``BENCH_BURST=N`` and ``BENCH_BURST_EVERY=P``: of the BENCH_ENTRIES entries,
   the first N run every P seconds and the rest once a day (all registered at
   the same instant, so the N fall due in the same second).
+* ``BENCH_CRONTABS=N`` and ``BENCH_PERIODS=5,10,...``: of the BENCH_ENTRIES
+  entries, the first N are ``crontab()`` (every minute, at :00), named
+  ``cron-<i>``; the rest are intervals taking the periods (seconds) in turn,
+  named ``every<P>s-<i>`` (``bench_load.py`` reads the schedule from the names).
+* ``BENCH_STATS=1``: write ``BENCH-STATS <unix µs> <statements>`` every 0.5 s,
+  the SQL statements the process sent so far (all of them the store's); with
+  ``BENCH_REPLICA=<i>`` (set by the harness) the database sessions are named
+  ``bench-replica-<i>`` (``application_name``).
 
 ``bench_singleton.py`` runs it as a ``celery worker -P solo`` instead: tasks
 ``benchapp.empty`` (a plain task) and ``benchapp.singleton_empty`` (a
@@ -53,6 +61,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 from celery.signals import beat_init, before_task_publish
 
 from celery_singlebeat import SingletonTask
@@ -100,17 +109,31 @@ if os.environ.get("BENCH_REDBEAT_RETRY_PERIOD"):
     app.conf.redbeat_redis_options = {
         "retry_period": float(os.environ["BENCH_REDBEAT_RETRY_PERIOD"])
     }
+if "BENCH_REPLICA" in os.environ:
+    app.conf.singlebeat_engine_options = {
+        "connect_args": {"application_name": f"bench-replica-{os.environ['BENCH_REPLICA']}"}
+    }
 burst = int(os.environ.get("BENCH_BURST", "0"))
 burst_every = float(os.environ.get("BENCH_BURST_EVERY", "10"))
+crontabs = int(os.environ.get("BENCH_CRONTABS", "0"))
+periods = [float(p) for p in os.environ.get("BENCH_PERIODS", "").split(",") if p]
+
+
+def _entry(i: int) -> tuple[str, Any]:
+    """Entry ``i``'s name and schedule."""
+    if i < crontabs:
+        return f"cron-{i}", crontab()
+    if periods:
+        period = periods[(i - crontabs) % len(periods)]
+        return f"every{period:g}s-{i}", timedelta(seconds=period)
+    if burst:
+        return f"probe-{i}", timedelta(seconds=burst_every if i < burst else 86400)
+    return f"probe-{i}", timedelta(seconds=every)
+
+
 app.conf.beat_schedule = {
-    f"probe-{i}": {
-        "task": TASK,
-        "schedule": timedelta(
-            seconds=every if not burst else burst_every if i < burst else 86400
-        ),
-        "args": (i,),
-    }
-    for i in range(entries)
+    name: {"task": TASK, "schedule": schedule, "args": (i,)}
+    for i, (name, schedule) in ((i, _entry(i)) for i in range(entries))
 }
 if os.environ.get("BENCH_CRON") == "1":
     from celery.schedules import crontab
@@ -158,10 +181,36 @@ if os.environ.get("BENCH_STAMP") == "1":
             headers["bench_sent_pid"] = os.getpid()
 
 
+def _count_statements() -> None:
+    """Report the statements this process sends, every 0.5 s, from a thread."""
+    import threading
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    sent = [0]
+
+    # Every engine's: the store's is the only one in a beat process. Counted
+    # where SqlStore.round_trips counts, before each cursor execute.
+    @event.listens_for(Engine, "before_cursor_execute")
+    def _count(*_: Any) -> None:
+        sent[0] += 1
+
+    def report() -> None:
+        while True:
+            # fd 1 itself: beat redirects sys.stdout to its logger
+            os.write(1, f"BENCH-STATS {time.time_ns() // 1000} {sent[0]}\n".encode())
+            time.sleep(0.5)
+
+    threading.Thread(target=report, name="bench-stats", daemon=True).start()
+
+
 @beat_init.connect(weak=False)
 def _ready(**_: Any) -> None:
     # Connected at import, before redbeat's own beat_init receiver (which blocks a
     # standby until it gets the lock), so every replica reports that it started.
+    if os.environ.get("BENCH_STATS") == "1":
+        _count_statements()  # before the scheduler's first tick sends any
     print(f"BENCH-READY {os.getpid()}", flush=True)
 
 

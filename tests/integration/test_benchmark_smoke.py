@@ -6,7 +6,8 @@ services and that their tables have the expected rows, plus the outcomes that
 do not depend on the machine's speed (singlebeat never duplicates, nor loses a
 run to a kill or a pause; three independent default schedulers duplicate; a
 tick costs a constant number of statements whatever the number of due entries;
-a SingletonTask execution costs a fixed number of statements).
+a SingletonTask execution costs a fixed number of statements; under the load
+run's mix of crontabs and intervals every due slot is sent exactly once).
 """
 
 from __future__ import annotations
@@ -25,25 +26,35 @@ SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
 SCALE = ROOT / "benchmarks" / "bench_scale.py"
 SINGLETON = ROOT / "benchmarks" / "bench_singleton.py"
 COMPARE = ROOT / "benchmarks" / "compare_failures.py"
+LOAD = ROOT / "benchmarks" / "bench_load.py"
 
 pytestmark = pytest.mark.slow
+
+
+def run_quick(
+    script: Path, tmp_path: Path, *args: str, timeout: float = 180
+) -> tuple[str, dict[str, Any]]:
+    """Run ``script --quick`` to the end; its stdout and the results it wrote.
+
+    Redis DB 11 (broker) and 12 (redbeat): the full benchmarks use 9 and 10
+    (the load run 13)."""
+    out = tmp_path / f"{script.stem}.json"
+    result = subprocess.run(
+        [sys.executable, str(script), "--quick", *args, "--redis-db", "11", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout, json.loads(out.read_text())
 
 
 def test_quick_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "quick.json"
-    # Redis DB 11 (broker) and 12 (redbeat): the full benchmark uses 9 and 10.
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--redis-db", "11", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
-    _check_tables(result.stdout, results)
+    stdout, results = run_quick(SCRIPT, tmp_path)
+    _check_tables(stdout, results)
     _check_duplicates(results["duplicates"])
     _check_round_trips(results["round_trips"])
     _check_rates(results)
@@ -129,18 +140,9 @@ SHARING_ROWS = (("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3))
 def test_quick_scale_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "scale.json"
-    result = subprocess.run(
-        [sys.executable, str(SCALE), "--quick", "--redis-db", "11", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(SCALE, tmp_path, timeout=240)
     for title in ("4. Load sharing", "5. ", "6. Start-up", "7. Idle cost"):
-        assert title in result.stdout, title
+        assert title in stdout, title
     sharing = {(r["sender"], r["replicas"], r["load"]): r for r in results["sharing"]}
     assert set(sharing) == {(kind, n, 5000) for kind, n in SHARING_ROWS}
     for row in sharing.values():
@@ -173,22 +175,10 @@ SINGLETON_TRIPS = {
 def test_singleton_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "singleton.json"
-    result = subprocess.run(
-        [
-            *(sys.executable, str(SINGLETON), "--quick", "--executions", "20", "--batch", "20"),
-            *("--redis-db", "11", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(SINGLETON, tmp_path, "--executions", "20", "--batch", "20")
     for title in ("8. Per execution in-process", "9. End to end", "10. SQL round trips"):
-        assert title in result.stdout, title
-    assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in result.stdout
+        assert title in stdout, title
+    assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in stdout
     assert isinstance(results["postgresql_within_target"], bool)
     databases = ["PostgreSQL", "MariaDB", "SQLite"]
     inprocess = results["inprocess"]
@@ -232,21 +222,9 @@ def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Pat
     """``compare_failures.py --quick`` on the faults that need no server of its
     own: every scheduler's row is produced, and singlebeat loses and doubles
     nothing, whatever the others do (their figures are not asserted)."""
-    out = tmp_path / "compare.json"
-    result = subprocess.run(
-        [
-            *(sys.executable, str(COMPARE), "--quick", "--only", ",".join(COMPARED)),
-            *("--redis-db", "11", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    results = json.loads(out.read_text())
+    stdout, results = run_quick(COMPARE, tmp_path, "--only", ",".join(COMPARED), timeout=240)
     for heading in ("machine: ", "versions: celery ", "settings: "):
-        assert heading in result.stdout
+        assert heading in stdout
     rows = {(r["scenario"], r["scheduler"]): r for r in results["rows"]}
     assert set(rows) == {(s, k) for s, lineup in COMPARED.items() for k in lineup}
     for (scenario, kind), row in rows.items():
@@ -261,3 +239,35 @@ def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Pat
         assert ours["early"]["early"] == 0, ours
         assert not [e for e in ours["exits"] if not e["by_run"]], ours
     assert rows["kill", "singlebeat"]["exits"], "the kill scenario killed no singlebeat replica"
+
+
+def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+    # 3 replicas, 2,000 entries (1,000 crontab() every minute), a 60 s window
+    stdout, results = run_quick(LOAD, tmp_path)
+    for title in ("Load: 3 replicas", "Database (pg_stat_database", "Replicas ("):
+        assert title in stdout, title
+    assert "every due slot sent exactly once, nothing else sent: yes" in stdout
+    slots = results["load"]["slots"]
+    # the window holds a whole minute: the crontabs' burst is in it
+    assert slots["due_crontab"] >= 1000 and slots["due_interval"] > 0, slots
+    assert (slots["duplicates"], slots["missed"], slots["not_due"]) == (0, 0, 0), slots
+    assert slots["distinct"] == slots["messages"] == slots["due"], slots
+    assert slots["duplicates_whole_run"] == 0, slots
+    assert 0 <= slots["delay_ms_median"] <= slots["delay_ms_p99"] <= slots["delay_ms_max"]
+    # the 1,000 crontabs at the minute, and each burst's last slot was sent
+    assert any(b["kinds"] == ["cron"] and b["due"] == 1000 for b in slots["bursts"]), slots
+    assert all(b["last_sent_after_ms"] is not None for b in slots["bursts"]), slots
+    database = results["load"]["database"]
+    for figure in ("transactions", "transactions_per_s", "statements", "backend_cpu_s"):
+        assert database[figure] > 0, (figure, database)
+    assert database["server_cpu_s"] >= database["backend_cpu_s"], database
+    # autocommit: each statement a transaction (a few from autovacuum, or in
+    # flight at the window's edges, may tip it either way)
+    assert 0.9 <= database["transactions_per_statement"] <= 1.1, database
+    replicas = results["load"]["replicas"]
+    assert len(replicas) == 3
+    for replica in replicas:
+        assert replica["statements"] > 0 and replica["cpu_s"] > 0, replica
+        assert replica["slots_sent"] > 0 and replica["peak_rss_mb"] > 0, replica
+        assert isinstance(replica["log_warnings"], list)
+    assert sum(r["slots_sent"] for r in replicas) == slots["due"]

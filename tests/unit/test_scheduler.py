@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.schedules import crontab
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.messaging import Producer
 from kombu.simple import SimpleQueue
@@ -744,3 +746,35 @@ def test_a_bad_entry_option_fails_at_construction_naming_the_entry(
     assert "beat_schedule['nightly-report']" in message
     assert named in message
     assert store.round_trips == 0
+
+
+# -- cost -------------------------------------------------------------------------
+
+
+def test_tracking_a_crontab_entry_keeps_a_few_kib_not_a_list_of_its_minutes(
+    harness_for: Callable[..., Harness],
+) -> None:
+    # The load run (benchmarks/bench_load.py) found each replica at 383 MB with
+    # 5,000 crontab() entries: every tracked crontab kept its day's 1,440
+    # matching minutes as a list of ints, 48 KiB per entry. Celery's own
+    # crontab object is ~6 KiB; what the scheduler keeps per entry must be of
+    # that order, whatever the number of minutes the crontab matches.
+    entries = 300
+    harness = harness_for(
+        {f"cron-{i}": {"task": TASK, "schedule": crontab()} for i in range(entries)}
+    )
+    replica = harness.replica()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        replica.tick()  # the first tick registers and tracks every entry
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    assert len(replica._tracked) == entries
+    kept = sum(
+        stat.size_diff
+        for stat in after.compare_to(before, "filename")
+        if "celery_singlebeat" in stat.traceback[0].filename
+    )
+    assert kept / entries < 12 * 1024, f"{kept / entries / 1024:.1f} KiB per crontab entry"
