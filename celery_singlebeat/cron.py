@@ -31,6 +31,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta, timezone, tzinfo
+from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .clock import US, datetime_to_us, us_to_datetime
@@ -70,8 +71,27 @@ def _replaceable(tz: tzinfo) -> tzinfo:
         ) from None
 
 
+@lru_cache(maxsize=4096)
+def _shared(
+    minutes: frozenset[int],
+    hours: frozenset[int],
+    days_of_week: frozenset[int],
+    days_of_month: frozenset[int],
+    months: frozenset[int],
+    tz: tzinfo,
+) -> CronFields:
+    """One :class:`CronFields` per distinct crontab and zone (bounded: beyond
+    4,096 distinct ones, the least recently built are simply built again)."""
+    return CronFields(
+        set(minutes), set(hours), set(days_of_week), set(days_of_month), set(months), tz
+    )
+
+
 class CronFields:
-    """The parsed fields of a crontab plus the time zone its wall clock is in."""
+    """The parsed fields of a crontab plus the time zone its wall clock is in.
+
+    Immutable once built (nothing below assigns to it), so one instance may
+    serve every entry with the same crontab and zone (:meth:`from_crontab`)."""
 
     __slots__ = (
         "_possible",
@@ -112,15 +132,24 @@ class CronFields:
 
     @classmethod
     def from_crontab(cls, schedule: object, tz: tzinfo) -> CronFields:
-        """Read the fields of a ``celery.schedules.crontab``."""
-        return cls(
-            minutes=set(schedule.minute),  # type: ignore[attr-defined]
-            hours=set(schedule.hour),  # type: ignore[attr-defined]
-            days_of_week=set(schedule.day_of_week),  # type: ignore[attr-defined]
-            days_of_month=set(schedule.day_of_month),  # type: ignore[attr-defined]
-            months=set(schedule.month_of_year),  # type: ignore[attr-defined]
-            tz=tz,
+        """Read the fields of a ``celery.schedules.crontab``.
+
+        Equal crontabs in one zone get one shared, immutable instance: a
+        schedule often holds thousands of entries with the same crontab
+        (``crontab()``, ``crontab(minute=0)``), and each replica tracks every
+        entry."""
+        fields = (
+            frozenset(schedule.minute),  # type: ignore[attr-defined]
+            frozenset(schedule.hour),  # type: ignore[attr-defined]
+            frozenset(schedule.day_of_week),  # type: ignore[attr-defined]
+            frozenset(schedule.day_of_month),  # type: ignore[attr-defined]
+            frozenset(schedule.month_of_year),  # type: ignore[attr-defined]
         )
+        try:
+            return _shared(*fields, tz)
+        except TypeError:  # a tzinfo that cannot be hashed: not shared
+            minutes, hours, days_of_week, days_of_month, months = (set(f) for f in fields)
+            return cls(minutes, hours, days_of_week, days_of_month, months, tz)
 
     def _day_matches(self, day: date) -> bool:
         return (

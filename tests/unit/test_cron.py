@@ -385,3 +385,28 @@ def test_next_after_is_fast_for_a_dense_crontab() -> None:
         assert following == at + MINUTE_US
         at = following
     assert time.perf_counter() - started < 0.3
+
+
+def test_equal_crontabs_in_one_zone_share_their_parsed_fields() -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    first = CronFields.from_crontab(crontab(minute="*/15"), berlin)
+    # equal fields spelt differently are the same crontab
+    assert CronFields.from_crontab(crontab(minute="0,15,30,45"), berlin) is first
+    assert CronFields.from_crontab(crontab(minute="*/15"), ZoneInfo("UTC")) is not first
+    assert CronFields.from_crontab(crontab(minute="*/20"), berlin) is not first
+    assert CronFields.from_crontab(crontab(minute="*/15", hour=3), berlin) is not first
+
+
+def test_a_zone_that_cannot_be_hashed_still_gets_its_fields() -> None:
+    class Unhashable(tzinfo):
+        __hash__ = None  # type: ignore[assignment]
+
+        def utcoffset(self, dt: datetime | None) -> timedelta:
+            return timedelta(hours=2)
+
+        def dst(self, dt: datetime | None) -> timedelta:
+            return timedelta(0)
+
+    fields = CronFields.from_crontab(crontab(minute=0, hour=12), Unhashable())
+    at = fields.next_after(datetime_to_us(datetime(2026, 6, 1, tzinfo=timezone.utc)))
+    assert at == datetime_to_us(datetime(2026, 6, 1, 10, 0, tzinfo=timezone.utc))
