@@ -832,12 +832,17 @@ class Chaos:
         while any(lane.is_alive() for lane in lanes):
             for lane in lanes:
                 lane.join(0.5)
-            dead = [r.proc.name for r in self.replicas if r.proc is not None and not r.proc.alive()]
-            dead += [w.name for w in self.workers if not w.alive()]
+            dead = [r.proc for r in self.replicas if r.proc is not None and not r.proc.alive()]
+            dead += [w for w in self.workers if not w.alive()]
             # a replica killed or stopped by a fault did not exit by itself
-            dead = [d for d in dead if d not in self.replacing]
+            dead = [d for d in dead if d.name not in self.replacing]
             if dead and not self.abort.is_set():
-                self.errors.append(f"process exited by itself: {', '.join(dead)}")
+                # the work folder is gone after the run: say why here
+                self.errors.extend(
+                    f"process exited by itself: {d.name} (exit status {d.proc.returncode}); "
+                    "its log ends:\n" + "\n".join(d.log().splitlines()[-40:])
+                    for d in dead
+                )
                 self.abort.set()
         if self.errors:
             raise RuntimeError("; ".join(self.errors))
