@@ -22,16 +22,15 @@ import logging
 import os
 import signal
 
+from billiard.process import current_process
+from celery.beat import _Process
+
 logger = logging.getLogger("celery_singlebeat")
 
 
 def in_worker_beat() -> bool:
     """True in the beat child process of a ``celery worker -B``."""
-    try:
-        from billiard.process import current_process
-        from celery.beat import _Process
-    except ImportError:  # pragma: no cover - Celery always has both
-        return False
+    # None where multiprocessing is unavailable: then -B runs no such child
     return _Process is not None and isinstance(current_process(), _Process)
 
 
