@@ -698,6 +698,14 @@ def collect(
     return Outcome(upto, expected, reader.finish(), db.rows(), publish_counts(beats))
 
 
+class Fleet(NamedTuple):
+    """See :meth:`Rig.fleet`."""
+
+    reader: QueueReader
+    db: Db
+    env: dict[str, str]
+
+
 class Rig:
     """Everything one test starts, torn down in a safe order: the replicas first
     (resumed, then terminated or killed), then proxies, queues and tables."""
@@ -726,6 +734,29 @@ class Rig:
         db = Db(url, prefix)
         self.dbs.append(db)
         return db
+
+    def fleet(
+        self,
+        broker_url: str,
+        db_url: str,
+        prefix: str,
+        *,
+        beats_url: str | None = None,
+        **extra: str,
+    ) -> Fleet:
+        """What replicas sharing one database and one broker queue need: a reader
+        of a fresh queue, the tables (read through ``db_url``) and the beatapp
+        environment. ``beats_url``: the URL the replicas use, when it is not
+        ``db_url`` (through a proxy, with a password); ``extra``: more SB_* values."""
+        reader = self.reader(broker_url)
+        env = group_env(
+            broker=broker_url,
+            db_url=beats_url or db_url,
+            prefix=prefix,
+            queue=reader.queue,
+            **extra,
+        )
+        return Fleet(reader, self.db(db_url, prefix), env)
 
     def proxy(self, target: tuple[str, int]) -> TcpProxy:
         proxy = TcpProxy(target)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, REDIS_URL, require
-from harness import US, Rig, check_slots, collect, group_env, wait_for
+from harness import US, Rig, check_slots, collect, wait_for
 
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US
 
@@ -51,13 +51,10 @@ def test_skewed_and_stepped_clocks_neither_double_nor_fire_early(
     require("redis")
     library = _libfaketime()
     broker = f"{REDIS_URL}/3"
-    reader = rig.reader(broker)
-    db = rig.db(pg_url, table_prefix)
-    env = group_env(
-        broker=broker,
-        db_url=pg_url,
-        prefix=table_prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        broker,
+        pg_url,
+        table_prefix,
         SB_ENTRIES=str(ENTRIES),
         SB_EVERY="1",
         SB_LEASE="10",

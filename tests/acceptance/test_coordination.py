@@ -23,7 +23,6 @@ from harness import (
     Rig,
     check_slots,
     collect,
-    group_env,
     max_gaps,
     wait_for,
 )
@@ -109,13 +108,10 @@ def run_replicas_then_kill(
     armed (SIGUSR2) to freeze itself right after it next wins a slot, having
     ``die_after`` = ``claimed`` (not yet published) or ``published`` it, and
     is killed there."""
-    reader = rig.reader(broker_url)
-    db = rig.db(db_url, prefix)
-    env = group_env(
-        broker=broker_url,
-        db_url=db_url,
-        prefix=prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        broker_url,
+        db_url,
+        prefix,
         SB_ENTRIES=str(ENTRIES),
         SB_EVERY=str(PERIOD),
         SB_LEASE=str(LEASE),
@@ -274,13 +270,11 @@ def test_log_names_replica_slot_and_task_id_and_masks_the_password(
     secret = "s3cret"
     url = pg_url.replace("postgres@", f"postgres:{secret}@", 1)
     assert secret in url
-    reader = rig.reader(f"{redis_url}/3")
-    db = rig.db(pg_url, table_prefix)
-    env = group_env(
-        broker=f"{redis_url}/3",
-        db_url=url,
-        prefix=table_prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        f"{redis_url}/3",
+        pg_url,
+        table_prefix,
+        beats_url=url,
         SB_ENTRIES="2",
         SB_LEASE=str(LEASE),
     )

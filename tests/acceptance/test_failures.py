@@ -22,7 +22,6 @@ from harness import (
     SlotRow,
     check_slots,
     collect,
-    group_env,
     interval_slots,
     publish_counts,
     wait_for,
@@ -79,13 +78,10 @@ def test_replica_frozen_holding_a_claim(
     confirming. The takeover publishes the slot a second time with the same
     task id (the documented repeat), and the resumed replica's confirm fails."""
     broker = f"{redis_url}/3"
-    reader = rig.reader(broker)
-    db = rig.db(pg_url, table_prefix)
-    env = group_env(
-        broker=broker,
-        db_url=pg_url,
-        prefix=table_prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        broker,
+        pg_url,
+        table_prefix,
         SB_ENTRIES="3",
         SB_LEASE=str(LEASE),
     )
@@ -221,13 +217,11 @@ def test_database_outage(
     proxy = rig.proxy((pg.host or "127.0.0.1", pg.port or 5432))
     proxied = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     broker = f"{redis_url}/4"
-    reader = rig.reader(broker)
-    db = rig.db(pg_url, table_prefix)
-    env = group_env(
-        broker=broker,
-        db_url=proxied,
-        prefix=table_prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        broker,
+        pg_url,
+        table_prefix,
+        beats_url=proxied,
         SB_ENTRIES="5",
         SB_SLOW=f"{SLOW_US / US:g}:{SLOW_GRACE_US / US:g}",
         SB_LEASE=str(OUTAGE_LEASE),

@@ -45,13 +45,10 @@ def test_three_workers_with_embedded_beat_send_every_slot_once(
     rig: Rig, pg_url: str, redis_url: str, table_prefix: str
 ) -> None:
     broker = f"{redis_url}/2"
-    reader = rig.reader(broker)
-    db = rig.db(pg_url, table_prefix)
-    env = group_env(
-        broker=broker,
-        db_url=pg_url,
-        prefix=table_prefix,
-        queue=reader.queue,
+    reader, db, env = rig.fleet(
+        broker,
+        pg_url,
+        table_prefix,
         SB_ENTRIES=str(ENTRIES),
         SB_EVERY="1",
         SB_LEASE=str(LEASE),
