@@ -499,6 +499,21 @@ def _wait_for_marks(worker: Replica, timeout: float) -> dict[str, tuple[float, i
 # -- output ----------------------------------------------------------------------
 
 
+def _kind_rows(
+    measured: list[dict[str, Any]],
+    cells: Callable[[dict[str, Any], dict[str, Any]], tuple[Any, ...]],
+) -> list[tuple[Any, ...]]:
+    """A row per database and kind of task (``cells`` of the database's row and
+    the kind's figures), or one saying why a database has none."""
+    rows: list[tuple[Any, ...]] = []
+    for r in measured:
+        if "error" in r:
+            rows.append((r["database"], "unavailable", "", "", "", "", r["error"][:40]))
+            continue
+        rows.extend((r["database"], KIND_NAMES[kind], *cells(r, r[kind])) for kind in KINDS)
+    return rows
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     plan = results["plan"]
@@ -510,24 +525,16 @@ def render(results: dict[str, Any]) -> str:
     ]
     rows: list[tuple[Any, ...]]
     if "inprocess" in results:
-        rows = []
-        for r in results["inprocess"]:
-            if "error" in r:
-                rows.append((r["database"], "unavailable", "", "", "", "", r["error"][:40]))
-                continue
-            for kind in KINDS:
-                k = r[kind]
-                rows.append(
-                    (
-                        r["database"],
-                        KIND_NAMES[kind],
-                        k["median_ms"],
-                        k["p95_ms"],
-                        k.get("added_median_ms", ""),
-                        k.get("added_p95_ms", ""),
-                        f"{k['round_trips']:g}" if r["database"] != MEMORY else "",
-                    )
-                )
+        rows = _kind_rows(
+            results["inprocess"],
+            lambda r, k: (
+                k["median_ms"],
+                k["p95_ms"],
+                k.get("added_median_ms", ""),
+                k.get("added_p95_ms", ""),
+                f"{k['round_trips']:g}" if r["database"] != MEMORY else "",
+            ),
+        )
         out.append(
             table(
                 f"8. Per execution in-process: task.apply() of an empty task (Celery's tracer, "
@@ -546,24 +553,16 @@ def render(results: dict[str, Any]) -> str:
         )
         out.append("")
     if "worker" in results:
-        rows = []
-        for r in results["worker"]:
-            if "error" in r:
-                rows.append((r["database"], "unavailable", "", "", "", "", r["error"][:40]))
-                continue
-            for kind in KINDS:
-                k = r[kind]
-                rows.append(
-                    (
-                        r["database"],
-                        KIND_NAMES[kind],
-                        k["per_s"],
-                        k["ms_median_of_rounds"],
-                        k.get("added_ms", ""),
-                        k.get("added_ms_overall", ""),
-                        f"{k['round_trips']:g}",
-                    )
-                )
+        rows = _kind_rows(
+            results["worker"],
+            lambda r, k: (
+                k["per_s"],
+                k["ms_median_of_rounds"],
+                k.get("added_ms", ""),
+                k.get("added_ms_overall", ""),
+                f"{k['round_trips']:g}",
+            ),
+        )
         out.append(
             table(
                 f"9. End to end: one celery worker -P solo, Redis broker, "
