@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from ..config import Settings, default_replica_id
@@ -78,18 +79,20 @@ class Runtime:
             engine.dispose(close=False)
 
 
-_runtimes: dict[int, Runtime] = {}
+# Keyed by the app object itself, weakly: an id() key outlives its app, and a
+# later app given the same address would inherit the dead one's settings.
+_runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 _guard = threading.Lock()
 
 
 def runtime_for(app: Any) -> Runtime:
     """This process's runtime for ``app``; ConfigurationError for bad settings."""
     with _guard:
-        runtime = _runtimes.get(id(app))
+        runtime = _runtimes.get(app)
         if runtime is None or runtime.pid != os.getpid():
             if runtime is not None:
                 runtime.forget_after_fork()
-            runtime = _runtimes[id(app)] = Runtime(app)
+            runtime = _runtimes[app] = Runtime(app)
         return runtime
 
 

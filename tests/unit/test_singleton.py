@@ -8,9 +8,11 @@ limits, acks_late, three beats) is in ``tests/acceptance/test_singleton_*``.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
@@ -30,7 +32,7 @@ from celery_singlebeat import (
     signals,
 )
 from celery_singlebeat.singleton.keys import MAX_KEY_LENGTH, compute_key
-from celery_singlebeat.singleton.runtime import set_store
+from celery_singlebeat.singleton.runtime import _runtimes, runtime_for, set_store
 from celery_singlebeat.singleton.task import _check_settings_at_start
 from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
 from celery_singlebeat.store.base import Busy, Lease, Run, RunStatus, SlotKey
@@ -520,6 +522,18 @@ def test_a_worker_with_singleton_tasks_checks_the_settings_at_start(app: Celery)
     # SystemExit: Celery's signal dispatch would swallow any Exception
     with pytest.raises(SystemExit, match="cannot start the worker: singlebeat_lease"):
         _check_settings_at_start(sender=SimpleNamespace(app=app))
+
+
+def test_a_collected_apps_runtime_goes_with_it() -> None:
+    # Keyed by id(), a dead app's runtime (settings, store) was handed to the
+    # next app Python put at the same address: seen as a worker start check
+    # that passed with singlebeat_lease = 0.
+    app = Celery("gone", set_as_current=False)
+    runtime = weakref.ref(runtime_for(app))
+    assert runtime() is _runtimes[app]
+    del app
+    gc.collect()
+    assert runtime() is None
 
 
 def test_a_worker_without_singleton_tasks_is_not_checked(app: Celery) -> None:
