@@ -159,12 +159,9 @@ def _bench_app(url: str) -> Iterator[Any]:
     try:
         yield app
     finally:
-        from celery_singlebeat.singleton import runtime
+        from celery_singlebeat.singleton.runtime import forget
 
-        # runtimes are kept by id(app): a later app could reuse the id
-        done = runtime._runtimes.pop(id(app), None)
-        if done is not None and done._store is not None:
-            done._store.close()
+        forget(app)
         if not memory:
             _drop_tables(url, prefix)
 

@@ -101,3 +101,16 @@ def set_store(app: Any, store: Store) -> None:
     runtime = runtime_for(app)
     with runtime._lock:
         runtime._store = store
+
+
+def forget(app: Any) -> None:
+    """Drop ``app``'s runtime in this process and close its store (tests and
+    benchmarks that make many apps: a collected app's runtime goes by itself,
+    but its pooled connections only when the collector gets to them)."""
+    with _guard:
+        runtime = _runtimes.pop(app, None)
+    if runtime is not None:
+        with runtime._lock:
+            store, runtime._store = runtime._store, None
+        if store is not None:
+            store.close()

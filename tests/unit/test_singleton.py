@@ -32,7 +32,7 @@ from celery_singlebeat import (
     signals,
 )
 from celery_singlebeat.singleton.keys import MAX_KEY_LENGTH, compute_key
-from celery_singlebeat.singleton.runtime import _runtimes, runtime_for, set_store
+from celery_singlebeat.singleton.runtime import _runtimes, forget, runtime_for, set_store
 from celery_singlebeat.singleton.task import _check_settings_at_start
 from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
 from celery_singlebeat.store.base import Busy, Lease, Run, RunStatus, SlotKey
@@ -534,6 +534,20 @@ def test_a_collected_apps_runtime_goes_with_it() -> None:
     del app
     gc.collect()
     assert runtime() is None
+
+
+def test_forgetting_an_app_closes_its_store_and_starts_afresh() -> None:
+    app = Celery("forgotten", set_as_current=False)
+    closed: list[int] = []
+    store = MemoryStore()
+    store.close = lambda: closed.append(1)  # type: ignore[method-assign]
+    set_store(app, store)
+    first = runtime_for(app)
+    forget(app)
+    assert closed == [1]
+    assert app not in _runtimes
+    assert runtime_for(app) is not first
+    forget(Celery("never-used", set_as_current=False))  # nothing to drop: no error
 
 
 def test_a_worker_without_singleton_tasks_is_not_checked(app: Celery) -> None:
