@@ -100,6 +100,7 @@ from harness import (  # noqa: E402
     wait_ready,
 )
 
+import celery_singlebeat  # noqa: E402
 from celery_singlebeat.slots import slot_task_id  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
 
@@ -123,6 +124,16 @@ OUTAGE_BEFORE_US = US
 OUTAGE_EDGE_US = US // 2
 #: the Redis transport's visibility timeout in the workers (SB_VISIBILITY)
 VISIBILITY = 20.0
+#: what Celery logs when its consumer meets an error it does not handle. At a
+#: broker restart kombu's Redis transport (5.7.0) now and then raises one while
+#: the consumer reconnects (an AttributeError: 'NoneType' object has no
+#: attribute 'hostname', from a connection already released: the shape of
+#: celery/kombu#582) and the worker exits with status 1.
+UNRECOVERABLE = "CRITICAL/MainProcess] Unrecoverable error: "
+#: a worker that exits so is started again this much later: the kubelet's first
+#: back-off for a container that exits
+WORKER_BACKOFF = 10.0
+PACKAGE_FRAME = f'File "{Path(celery_singlebeat.__file__).parent}{os.sep}'
 #: a worker that lost its broker connection puts back what it held
 RESTORING_LINE = re.compile(r"Restoring (?P<n>\d+) unacknowledged message")
 #: a rolling restart's new version proposes its slots once this long after the
@@ -282,6 +293,16 @@ class Redis:
     def version(self) -> str:
         done = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
         return done.stdout.strip()
+
+
+def celery_gave_up(log: str) -> str | None:
+    """The error of a worker's log that ends in Celery's own "Unrecoverable
+    error" raised outside celery_singlebeat (no frame of the package in its
+    traceback); None for any other exit, which stays a failure of the run."""
+    at = log.rfind(UNRECOVERABLE)
+    if at < 0 or PACKAGE_FRAME in log[at:]:
+        return None
+    return log[at + len(UNRECOVERABLE) :].splitlines()[0]
 
 
 # -- the run's record ----------------------------------------------------------------
@@ -462,6 +483,9 @@ class Chaos:
         self.errors: list[str] = []
         self.replicas: list[Replica] = []
         self.workers: list[BeatProcess] = []
+        #: every worker process of the run, those that exited and were replaced too
+        self.worker_runs: list[BeatProcess] = []
+        self.worker_restarts: list[threading.Thread] = []
         self.version = "1"
         #: periods in which every replica ran one schedule version: (version, from, to)
         self.uniform: list[list[Any]] = []
@@ -569,6 +593,7 @@ class Chaos:
                     self.worker_env, f"worker-{i}", app="singletonapp", concurrency=2
                 )
             )
+        self.worker_runs.extend(self.workers)
         wait_ready(*self.workers, timeout=90)
         self._where(broker)
         self.started_us = now_us()
@@ -630,6 +655,43 @@ class Chaos:
     def _sleep(self, seconds: float) -> None:
         if self.abort.wait(max(0.0, seconds)):
             raise RuntimeError("aborted")
+
+    def restart_worker(self, worker: BeatProcess, reason: str) -> None:
+        """A worker that Celery itself gave up on is started again, as its pod's
+        container would be, and the report lists it with the faults: what it
+        held unacknowledged comes back after the visibility timeout, and
+        SingletonTask drops a repeat of anything it finished."""
+        index = self.workers.index(worker)
+        base = f"worker-{index}"
+        fault = self._fault(
+            "worker exit",
+            base,
+            f"{worker.name} exited by itself (status {worker.proc.returncode}), Celery's "
+            f"'Unrecoverable error: {reason[:120]}'; started again {WORKER_BACKOFF:g}s later",
+        )
+        self.say(f"{worker.name} exited by itself: Unrecoverable error: {reason[:120]}")
+        self.replacing.add(worker.name)
+        runs = sum(1 for w in self.worker_runs if w.name.split(".")[0] == base)
+
+        def start_again() -> None:
+            if self.abort.wait(WORKER_BACKOFF):
+                return
+            new = self.group.start_worker(
+                self.worker_env, f"{base}.{runs + 1}", app="singletonapp", concurrency=2
+            )
+            with self.lock:
+                self.workers[index] = new
+                self.worker_runs.append(new)
+            try:
+                wait_ready(new, timeout=90)
+            except AssertionError as exc:
+                self.errors.append(f"{new.name} did not start again: {exc}")
+                self.abort.set()
+            fault.end_us = now_us()
+
+        thread = threading.Thread(target=start_again, name=f"restart-{base}", daemon=True)
+        self.worker_restarts.append(thread)
+        thread.start()
 
     def kill(self, rng: random.Random) -> None:
         replica = rng.choice(self.replicas)
@@ -836,6 +898,11 @@ class Chaos:
             dead += [w for w in self.workers if not w.alive()]
             # a replica killed or stopped by a fault did not exit by itself
             dead = [d for d in dead if d.name not in self.replacing]
+            for worker in [d for d in dead if d in self.workers]:
+                reason = celery_gave_up(worker.log())
+                if reason is not None and not self.abort.is_set():
+                    self.restart_worker(worker, reason)
+                    dead.remove(worker)
             if dead and not self.abort.is_set():
                 # the work folder is gone after the run: say why here
                 self.errors.extend(
@@ -965,6 +1032,8 @@ class Chaos:
                 if replica.proc is not None:
                     replica.proc.stop(15, asked=True)
             time.sleep(1.0)
+            for thread in self.worker_restarts:
+                thread.join()
             for worker in self.workers:
                 worker.stop(20)
             report = self.judge(upto_us, started, time.monotonic() - wall0)
@@ -1020,7 +1089,7 @@ class Chaos:
                 if rid:
                     names[rid] = proc.name
         beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
-        worker_logs = [w.log() for w in self.workers]
+        worker_logs = [w.log() for w in self.worker_runs]
 
         self.pause_outcomes(rows, done, names, beat_logs, worker_logs)
 

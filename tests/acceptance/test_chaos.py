@@ -70,3 +70,33 @@ def test_chaos_short_form(tmp_path: Path) -> None:
     assert len(offsets) == 2 and all(80_000 < o < 100_000 for o in offsets), report.text
     # the workers ran this checkout
     assert report.code_under_test == [str(ROOT / "celery_singlebeat" / "__init__.py")], report.text
+
+
+#: the end of a real worker log from a 10-minute run (seed 1): kombu's Redis
+#: transport failing inside Celery's consumer at a broker restart
+KOMBU_EXIT = """\
+[2026-12-01 12:03:37,106: WARNING/MainProcess] consumer: Connection to broker lost. \
+Trying to re-establish the connection... (network:ConnectionError)
+[2026-12-01 12:03:37,108: INFO/MainProcess] Restoring 1 unacknowledged message(s)
+[2026-12-01 12:03:37,108: CRITICAL/MainProcess] Unrecoverable error: \
+AttributeError("'NoneType' object has no attribute 'hostname'")
+Traceback (most recent call last):
+  File "/x/.venv/lib/python3.11/site-packages/celery/worker/worker.py", line 271, in start
+    self.blueprint.start(self)
+  File "/x/.venv/lib/python3.11/site-packages/kombu/transport/redis.py", line 1959, in _connparams
+    'host': conninfo.hostname or '127.0.0.1',
+AttributeError: 'NoneType' object has no attribute 'hostname'
+"""
+
+
+def test_a_worker_celery_gave_up_on_is_told_from_one_the_package_broke() -> None:
+    reason = chaos.celery_gave_up(KOMBU_EXIT)
+    assert reason == "AttributeError(\"'NoneType' object has no attribute 'hostname'\")"
+    # the same exit through a frame of celery_singlebeat stays a failure of the run
+    ours = KOMBU_EXIT.replace(
+        'File "/x/.venv/lib/python3.11/site-packages/celery/worker/worker.py"',
+        f'File "{ROOT / "celery_singlebeat" / "singleton" / "task.py"}"',
+    )
+    assert chaos.celery_gave_up(ours) is None
+    # so does any other exit: a crash, a SystemExit, a kill
+    assert chaos.celery_gave_up("[...] worker: Warm shutdown (MainProcess)\n") is None
