@@ -249,7 +249,8 @@ class Postgres:
 
 class Redis:
     """A Redis server of this run's own: a broker that can really be restarted.
-    AOF with ``appendfsync always``: a restart keeps what was queued."""
+    AOF with ``appendfsync always``: a restart keeps what was queued; never
+    rewritten, so the AOF is the log of every write the broker took."""
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir / "redis"
@@ -271,6 +272,7 @@ class Redis:
                 self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
                 "--save", "", "--logfile", str(self.dir / "redis.log"),
+                "--auto-aof-rewrite-percentage", "0",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -293,6 +295,62 @@ class Redis:
     def version(self) -> str:
         done = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
         return done.stdout.strip()
+
+    def writes(self) -> Iterable[list[bytes]]:
+        """Every write command the broker applied, in order (the AOF's
+        incremental files, as the manifest lists them)."""
+        folder = self.dir / "appendonlydir"
+        manifest = folder / "appendonly.aof.manifest"
+        if not manifest.exists():
+            return
+        for line in manifest.read_text().splitlines():
+            fields = line.split()
+            if "type" in fields and fields[fields.index("type") + 1] == "i":
+                yield from resp_commands((folder / fields[1]).read_bytes())
+
+    def popped_unregistered(self, queue: str, task_ids: set[str]) -> set[str]:
+        """Of ``task_ids``, those whose message was pushed to ``queue``, then
+        popped by a consumer (the AOF logs a BRPOP as RPOP) and never written
+        to kombu's ``unacked`` hash: taken from Redis and lost before any worker
+        registered it, which kombu's Redis transport cannot recover."""
+        name = queue.encode()
+        pending: list[bytes] = []  # the list, oldest (next to pop) last
+        popped: set[str] = set()
+        registered: set[str] = set()
+        wanted = {t.encode(): t for t in task_ids}
+
+        def ids(message: bytes) -> list[str]:
+            return [t for raw, t in wanted.items() if raw in message]
+
+        for command in self.writes():
+            op = command[0].upper()
+            if op == b"LPUSH" and command[1] == name:
+                pending[:0] = reversed(command[2:])
+            elif op == b"RPUSH" and command[1] == name:
+                pending.extend(command[2:])  # a restored message goes back in front
+            elif op == b"RPOP" and command[1] == name and pending:
+                popped.update(ids(pending.pop()))
+            elif op == b"HSET" and command[1] == b"unacked":
+                registered.update(ids(b"".join(command[2:])))
+        return popped - registered
+
+
+def resp_commands(data: bytes) -> Iterable[list[bytes]]:
+    """The commands of an AOF file (RESP arrays of bulk strings)."""
+    at = 0
+    while at < len(data):
+        if data[at : at + 1] != b"*":  # an annotation line (#...)
+            at = data.index(b"\n", at) + 1
+            continue
+        end = data.index(b"\r\n", at)
+        count, at = int(data[at + 1 : end]), end + 2
+        command = []
+        for _ in range(count):
+            end = data.index(b"\r\n", at)
+            size, at = int(data[at + 1 : end]), end + 2
+            command.append(data[at : at + size])
+            at += size + 2
+        yield command
 
 
 def celery_gave_up(log: str) -> str | None:
@@ -413,6 +471,10 @@ class Report:
     executed_twice: int = 0
     lost: int = 0
     lost_never_sent: int = 0
+    #: sent and confirmed, then lost by the broker: the Redis log shows the
+    #: message popped by a consumer and never registered as unacknowledged
+    lost_in_broker: int = 0
+    broker_losses: list[str] = field(default_factory=list)
     unexpected: int = 0
     #: claimed, published or executed more than 250 ms before the slot's instant
     early: int = 0
@@ -992,6 +1054,17 @@ class Chaos:
             )
         return windows
 
+    def lost_in_broker(self, sent: list[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Of slots sent and confirmed but never executed, those the broker lost
+        after taking them: with Redis, kombu's transport pops a message from the
+        queue (BRPOP) before the worker records it as unacknowledged, so a
+        connection cut in between (a broker restart) loses it for good. Judged
+        from the broker's own write log; with RabbitMQ, none are excused."""
+        if self.redis is None or not sent:
+            return set()
+        by_id = {slot_task_id(e, at): (e, at) for e, at in sent}
+        return {by_id[t] for t in self.redis.popped_unregistered(self.queue, set(by_id))}
+
     def missing(self, upto_us: int) -> int:
         """Required slots up to ``upto_us`` not executed yet (outage windows aside)."""
         required, _ = self.expected(upto_us)
@@ -1152,8 +1225,11 @@ class Chaos:
             report.due_required += 1
             if slot not in done:
                 lost.append(slot)
+        in_broker = self.lost_in_broker([s for s in lost if rows.get(s, (0,))[0] == 1])
+        lost = [s for s in lost if s not in in_broker]
         report.lost = len(lost)
         report.lost_never_sent = sum(1 for s in lost if rows.get(s, (0,))[0] != 1)
+        report.lost_in_broker = len(in_broker)
         runs = run_rows(self.db) if self.db is not None else {}
         for s in lost[:20]:
             row = rows.get(s)
@@ -1161,6 +1237,12 @@ class Chaos:
             report.problems.append(
                 f"lost: {s[0]}@{s[1]} (t+{(s[1] - self.started_us) / US:.1f}s) "
                 f"slot row {row}, run row {run}"
+            )
+        for s in sorted(in_broker):
+            report.broker_losses.append(
+                f"{s[0]}@{s[1]} (t+{(s[1] - self.started_us) / US:.1f}s, task id "
+                f"{slot_task_id(s[0], s[1])}): sent and confirmed by {rows[s][1]}; Redis "
+                "gave the message to a consumer, no worker registered it"
             )
         for window in windows:
             report.policy_windows.append(self.policy(window, done, first_sent))
@@ -1484,6 +1566,10 @@ def render(r: Report) -> str:
                 ("executed", r.executed),
                 ("executed twice (must be 0)", r.executed_twice),
                 ("lost (must be 0)", r.lost),
+                (
+                    "lost by the broker: popped from Redis, no worker registered it (below)",
+                    r.lost_in_broker,
+                ),
                 ("executed at an instant that is no slot (must be 0)", r.unexpected),
                 ("claimed, sent or run > 250 ms before its instant (must be 0)", r.early),
                 (
@@ -1544,6 +1630,13 @@ def render(r: Report) -> str:
             ],
         ),
     ]
+    if r.broker_losses:
+        lines += [
+            "",
+            "lost by the broker (kombu's Redis transport pops a message before the worker "
+            "records it; a broker restart in between loses it; RabbitMQ acks avoid this):",
+            *(f"  {b}" for b in r.broker_losses),
+        ]
     if r.problems:
         lines += ["", "problems:", *(f"  {p}" for p in r.problems)]
     lines += ["", "verdict: " + ("OK" if r.ok else "FAILED")]

@@ -100,3 +100,43 @@ def test_a_worker_celery_gave_up_on_is_told_from_one_the_package_broke() -> None
     assert chaos.celery_gave_up(ours) is None
     # so does any other exit: a crash, a SystemExit, a kill
     assert chaos.celery_gave_up("[...] worker: Warm shutdown (MainProcess)\n") is None
+
+
+def _resp(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def test_a_message_redis_gave_out_and_no_worker_registered_is_the_brokers_loss(
+    tmp_path: Path,
+) -> None:
+    def message(task_id: str) -> bytes:
+        return b'{"headers": {"id": "%s"}, "properties": {"delivery_tag": "t-%s"}}' % (
+            task_id.encode(),
+            task_id.encode(),
+        )
+
+    log = b"".join(
+        [
+            b"#annotation line\r\n",
+            _resp(b"SELECT", b"0"),
+            _resp(b"LPUSH", b"q", message("done")),
+            _resp(b"LPUSH", b"q", message("gone")),
+            _resp(b"LPUSH", b"q", message("queued")),
+            _resp(b"RPOP", b"q"),  # "done": a worker registers it
+            _resp(b"MULTI"),
+            _resp(b"HSET", b"unacked", b"t-done", b"[" + message("done") + b"]"),
+            _resp(b"EXEC"),
+            _resp(b"RPOP", b"q"),  # "gone": popped, never registered
+            _resp(b"LPUSH", b"other", message("elsewhere")),
+            _resp(b"RPOP", b"other"),
+        ]
+    )
+    folder = tmp_path / "redis" / "appendonlydir"
+    folder.mkdir(parents=True)
+    (folder / "appendonly.aof.1.incr.aof").write_bytes(log)
+    (folder / "appendonly.aof.manifest").write_text(
+        "file appendonly.aof.1.base.rdb seq 1 type b\nfile appendonly.aof.1.incr.aof seq 1 type i\n"
+    )
+    redis = chaos.Redis(tmp_path)
+    wanted = {"done", "gone", "queued", "elsewhere", "never-pushed"}
+    assert redis.popped_unregistered("q", wanted) == {"gone"}
