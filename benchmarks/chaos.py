@@ -471,9 +471,8 @@ class Report:
     executed_twice: int = 0
     lost: int = 0
     lost_never_sent: int = 0
-    #: sent and confirmed, then lost by the broker: the Redis log shows the
-    #: message popped by a consumer and never registered as unacknowledged
-    lost_in_broker: int = 0
+    #: slots sent and confirmed, then lost by the broker: the Redis log shows
+    #: the message popped by a consumer and never registered as unacknowledged
     broker_losses: list[str] = field(default_factory=list)
     unexpected: int = 0
     #: claimed, published or executed more than 250 ms before the slot's instant
@@ -1107,6 +1106,8 @@ class Chaos:
             time.sleep(1.0)
             for thread in self.worker_restarts:
                 thread.join()
+            if self.errors:  # a worker that did not start again: the count would be off
+                raise RuntimeError("; ".join(self.errors))
             for worker in self.workers:
                 worker.stop(20)
             report = self.judge(upto_us, started, time.monotonic() - wall0)
@@ -1229,7 +1230,6 @@ class Chaos:
         lost = [s for s in lost if s not in in_broker]
         report.lost = len(lost)
         report.lost_never_sent = sum(1 for s in lost if rows.get(s, (0,))[0] != 1)
-        report.lost_in_broker = len(in_broker)
         runs = run_rows(self.db) if self.db is not None else {}
         for s in lost[:20]:
             row = rows.get(s)
@@ -1568,7 +1568,7 @@ def render(r: Report) -> str:
                 ("lost (must be 0)", r.lost),
                 (
                     "lost by the broker: popped from Redis, no worker registered it (below)",
-                    r.lost_in_broker,
+                    len(r.broker_losses),
                 ),
                 ("executed at an instant that is no slot (must be 0)", r.unexpected),
                 ("claimed, sent or run > 250 ms before its instant (must be 0)", r.early),
