@@ -136,9 +136,17 @@ WORKER_BACKOFF = 10.0
 PACKAGE_FRAME = f'File "{Path(celery_singlebeat.__file__).parent}{os.sep}'
 #: a worker that lost its broker connection puts back what it held
 RESTORING_LINE = re.compile(r"Restoring (?P<n>\d+) unacknowledged message")
-#: a rolling restart's new version proposes its slots once this long after the
-#: last replica came up with it
+#: a replica proposes its version's slots once this long after it logged that
+#: it connected (the log is polled every 0.2 s; its first tick follows at once)
 ROLL_SETTLE_US = US
+#: and has claimed a slot this long after its instant at the latest when it is
+#: not the entry's first replica (sharing.FALLBACK_DELAY_US, 250 ms, a wake-up
+#: jitter and a round trip), so it must still run then
+ROLL_CLAIM_US = US
+#: the bound on a claim abandoned before its publish: taken over once the lease
+#: has run out, by the next sweep (every lease/3) of any replica; this much more
+#: for the first claim's own lag (up to the fallback delay) and the publish
+TAKEOVER_SLACK_US = US
 OFFSET_LINE = re.compile(r"database clock offset (?P<ms>[+-][\d.]+) ms")
 #: a publish as a replica logs it, with the log line's time (the replica's clock)
 SENT_AT = re.compile(
@@ -385,6 +393,22 @@ class Fault:
 
 
 @dataclass
+class Life:
+    """One beat process of the run: its schedule version and when it could send.
+
+    The version decides which ``roll-0`` instants it proposes, so the judge can
+    tell, for each instant only one version has, whether a replica with that
+    version was running (then it must execute), may have been (at a start or
+    a stop: either is right), or was not (then it must not execute)."""
+
+    version: str
+    spawned_us: int
+    connected_us: int = 0
+    #: when it was stopped, killed, or (for the last ones) the run ended
+    ended_us: int = 0
+
+
+@dataclass
 class Replica:
     index: int
     stop_on: str
@@ -479,6 +503,19 @@ class Report:
     early: int = 0
     #: slots a paused replica sent under a claim whose lease had run out
     late_sends: int = 0
+    #: lease + lease/3 (+ TAKEOVER_SLACK_US): the latest a slot may leave when no
+    #: fault of the database or the broker was in force (a claim abandoned by a
+    #: killed or paused replica is taken over by the next sweep after its lease)
+    bound_s: float = 0.0
+    #: slots sent later than that, with no database or broker fault to explain it
+    over_bound: int = 0
+    #: taken-over slots held to that bound (no such fault near them), and the
+    #: latest of their dispatches
+    held_takeovers: int = 0
+    worst_takeover_s: float = 0.0
+    #: roll-0 instants only its every-1-s version has that had to run (a replica
+    #: with that version was running), and those at a start or stop of one
+    roll_required: int = 0
     policy_windows: list[dict[str, Any]] = field(default_factory=list)
     #: outside database outages
     worst_dispatch_s: float = 0.0
@@ -496,7 +533,12 @@ class Report:
     @property
     def ok(self) -> bool:
         return not (
-            self.executed_twice or self.lost or self.unexpected or self.early or self.late_sends
+            self.executed_twice
+            or self.lost
+            or self.unexpected
+            or self.early
+            or self.late_sends
+            or self.over_bound
         )
 
 
@@ -548,8 +590,6 @@ class Chaos:
         self.worker_runs: list[BeatProcess] = []
         self.worker_restarts: list[threading.Thread] = []
         self.version = "1"
-        #: periods in which every replica ran one schedule version: (version, from, to)
-        self.uniform: list[list[Any]] = []
         self.pg: Postgres | None = None
         self.pg_mode = ""
         self.redis: Redis | None = None
@@ -565,6 +605,8 @@ class Chaos:
         self.late_sends: list[str] = []
         #: incarnations that a fault killed or stopped
         self.replacing: set[str] = set()
+        #: every beat process of the run, by name
+        self.lives: dict[str, Life] = {}
 
     # -- output ---------------------------------------------------------------
 
@@ -658,7 +700,6 @@ class Chaos:
         wait_ready(*self.workers, timeout=90)
         self._where(broker)
         self.started_us = now_us()
-        self.uniform.append(["1", self.started_us, None])
         for i in range(self.config.replicas):
             replica = Replica(i, ("claimed", "published")[i % 2], SKEWS.get(i))
             self.replicas.append(replica)
@@ -685,6 +726,7 @@ class Chaos:
         if replica.skew:
             env.update(LD_PRELOAD=str(self.faketime), FAKETIME=replica.skew)
         proc = self.group.start_beat(env, f"{replica.name}.{len(replica.incarnations) + 1}")
+        self.lives[proc.name] = Life(replica.version, now_us())
         replica.proc = proc
         replica.incarnations.append(proc)
         return proc
@@ -703,7 +745,12 @@ class Chaos:
             return False
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+        self.lives[proc.name].connected_us = now_us()
         return True
+
+    def end_life(self, proc: BeatProcess) -> None:
+        """``proc`` is about to be stopped or killed: it proposes nothing more."""
+        self.lives[proc.name].ended_us = now_us()
 
     # -- faults -----------------------------------------------------------------
 
@@ -761,6 +808,7 @@ class Chaos:
         fault = self._fault("kill", replica.name, f"SIGKILL, restarted {down:.1f}s later")
         self.say(f"fault: SIGKILL {replica.proc.name}")
         self.replacing.add(replica.proc.name)
+        self.end_life(replica.proc)
         replica.proc.kill()
         self._sleep(down)
         self.start_replica(replica)
@@ -825,18 +873,17 @@ class Chaos:
             f"{ROLL} v{old} -> v{new} (every {ROLL_PERIOD_US[old] / US:g}s -> "
             f"{ROLL_PERIOD_US[new] / US:g}s), order {' '.join(r.name for r in order)}",
         )
-        self.uniform[-1][2] = fault.start_us
         self.say(f"fault: rolling restart to v{new}")
         for replica in order:
             assert replica.proc is not None
             self.replacing.add(replica.proc.name)
+            self.end_life(replica.proc)
             replica.proc.stop(15)
             replica.version = new
             self.start_replica(replica)
             self.wait_connected(replica, self.config.outage + 60)
         self.version = new
         fault.end_us = now_us()
-        self.uniform.append([new, fault.end_us, None])
 
     def pg_restart(self, rng: random.Random) -> None:
         assert self.db_proxy is not None
@@ -997,8 +1044,15 @@ class Chaos:
         return out
 
     def expected(self, upto_us: int) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
-        """(required, optional) slots up to ``upto_us``. Optional: ``roll-0``'s
-        slots of the more frequent version while the versions were mixed."""
+        """(required, optional) slots up to ``upto_us``.
+
+        ``roll-0``'s instants that only its every-1-s version has are required
+        while a replica with that version was connected and running (not
+        paused, stopped or killed) from a moment before the instant until it
+        must have claimed it: the union of both versions' schedules runs.
+        Optional where such a replica started or stopped around the instant
+        (it may or may not have proposed it). Where none ran, the instant is
+        no slot at all, and executing it is counted as unexpected."""
         assert self.db is not None
         anchors = self.db.anchors()
         required: set[tuple[str, int]] = set()
@@ -1015,12 +1069,42 @@ class Chaos:
                 for s in interval(anchor, ROLL_PERIOD_US["2"], upto_us):
                     if s in every_2:
                         continue
-                    only_v2 = any(
-                        version == "2" and start + ROLL_SETTLE_US <= s <= (end or upto_us)
-                        for version, start, end in self.uniform
-                    )
-                    (required if only_v2 else optional).add((name, s))
+                    if self.version_ran("2", s - ROLL_SETTLE_US, s + ROLL_CLAIM_US, upto_us):
+                        required.add((name, s))
+                    elif self.version_may_have_run("2", s, upto_us):
+                        optional.add((name, s))
         return required, optional
+
+    def version_ran(self, version: str, start_us: int, end_us: int, upto_us: int) -> bool:
+        """A beat process of ``version`` was connected and running (not paused,
+        not yet stopped) throughout ``[start_us, end_us]``."""
+        for name, life in self.lives.items():
+            if life.version != version or not life.connected_us:
+                continue
+            if life.connected_us > start_us or (life.ended_us or upto_us) < end_us:
+                continue
+            paused = any(
+                f.kind == "pause"
+                and f.proc == name
+                and f.start_us <= end_us
+                and (f.end_us or upto_us) >= start_us
+                for f in self.faults
+            )
+            if not paused:
+                return True
+        return False
+
+    def version_may_have_run(self, version: str, slot_us: int, upto_us: int) -> bool:
+        """A beat process of ``version`` may have proposed ``slot_us``: it was
+        alive at the instant or started within the grace after it (a replica
+        that starts plans what is due since the latest slot claimed, and a slot
+        within the grace is still on time); a second of margin each side."""
+        return any(
+            life.version == version
+            and life.spawned_us <= slot_us + GRACE_US + US
+            and (life.ended_us or upto_us) + US >= slot_us
+            for life in self.lives.values()
+        )
 
     def db_windows(
         self, rows: dict[tuple[str, int], tuple[int, str, int, int, int | None]]
@@ -1191,6 +1275,9 @@ class Chaos:
         report.due = len(required)
         report.optional_due = len(optional)
         report.optional_executed = sum(1 for s in optional if s in done)
+        report.roll_required = sum(
+            1 for s in required if s[0] == ROLL and s[1] % ROLL_PERIOD_US["1"] != 0
+        )
         counted = {s for s in rows if s[1] <= upto_us}
         report.sent = sum(1 for s in counted if rows[s][0] == 1)
         report.taken_over = sum(1 for s in counted if rows[s][2] > 1)
@@ -1298,6 +1385,7 @@ class Chaos:
             report.worst_execution_s = round(
                 max(d.executed_s for d in outside if d.executed_s is not None), 3
             )
+        self.hold_to_bound(report, outside)
         if delays:
             report.worst_dispatch_any_s = round(max(d.dispatch_s for d in delays), 3)
             # one line per cause: the worst slot of each of the worst few faults
@@ -1337,6 +1425,47 @@ class Chaos:
         report.late_sends = len(self.late_sends)
         report.text = render(report)
         return report
+
+    def hold_to_bound(self, report: Report, delays: list[Delay]) -> None:
+        """Every slot leaves within ``lease + lease/3`` of its instant unless the
+        database or the broker failed meanwhile (an outage's slots are the
+        missed-run policy's; a failed publish waits for the broker): a claim
+        abandoned by a killed or paused replica is taken over by the next sweep
+        after its lease, and a claim whose publish ran out of lease is released
+        for that sweep."""
+        bound_us = self.lease_us + self.lease_us // 3 + TAKEOVER_SLACK_US
+        report.bound_s = bound_us / US
+        for d in delays:
+            held = not self.infra_fault(d.slot_us - US, d.slot_us + bound_us)
+            if held and d.fence > 1:
+                report.held_takeovers += 1
+                report.worst_takeover_s = max(report.worst_takeover_s, round(d.dispatch_s, 3))
+            if d.dispatch_s * US <= bound_us or not held:
+                continue
+            report.over_bound += 1
+            if report.over_bound <= 20:
+                report.problems.append(
+                    f"sent {d.dispatch_s:.3f}s after its instant, over the "
+                    f"{report.bound_s:g}s bound with no database or broker fault: "
+                    f"{d.entry}@{d.slot_us} (t+{(d.slot_us - self.started_us) / US:.1f}s, "
+                    f"fence {d.fence}, by {d.sender}); "
+                    + self.cause(d.slot_us, d.dispatch_s, d.fence)
+                )
+
+    def infra_fault(self, lo_us: int, hi_us: int) -> bool:
+        """A fault of the database or the broker was in force in ``[lo, hi]``,
+        counting on after its end for as long as its effects last (the outage
+        backoff, 10 s, after the database; a sweep and a second after the broker)."""
+        for f in self.faults:
+            if f.db_down:
+                tail = 10 * US
+            elif f.kind == "broker restart":
+                tail = self.lease_us // 3 + US
+            else:
+                continue
+            if f.start_us <= hi_us and (f.end_us or 2**62) + tail >= lo_us:
+                return True
+        return False
 
     def first_publishes(
         self, beat_logs: list[tuple[BeatProcess, str]]
@@ -1573,8 +1702,19 @@ def render(r: Report) -> str:
                 ("executed at an instant that is no slot (must be 0)", r.unexpected),
                 ("claimed, sent or run > 250 ms before its instant (must be 0)", r.early),
                 (
-                    f"{ROLL}: slots only its every-1-s version has, while versions were mixed",
-                    f"{r.optional_executed} of {r.optional_due} executed (either is right)",
+                    f"{ROLL}: instants only its every-1-s version has, while a replica "
+                    "with that version ran (must all execute)",
+                    r.roll_required,
+                ),
+                (
+                    f"{ROLL}: such instants as a replica with that version started or "
+                    "stopped (either is right)",
+                    f"{r.optional_executed} of {r.optional_due} executed",
+                ),
+                (
+                    f"sent later than lease + lease/3 + 1 s ({r.bound_s:g} s) with no "
+                    "database or broker fault (must be 0)",
+                    r.over_bound,
                 ),
             ],
         ),
@@ -1613,7 +1753,9 @@ def render(r: Report) -> str:
         f"database clock), outside database "
         f"outages: median {r.p50_dispatch_s} s, p99 {r.p99_dispatch_s} s, worst "
         f"{r.worst_dispatch_s} s; slot -> execution start, worst {r.worst_execution_s} s; "
-        f"including slots sent after an outage: worst {r.worst_dispatch_any_s} s",
+        f"including slots sent after an outage: worst {r.worst_dispatch_any_s} s; "
+        f"{r.held_takeovers} taken over with no database or broker fault near them: "
+        f"worst {r.worst_takeover_s} s (bound {r.bound_s:g} s)",
         table(
             ["entry", "slot t (s)", "dispatch (s)", "executed (s)", "fence", "sent by", "cause"],
             [

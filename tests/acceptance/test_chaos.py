@@ -61,6 +61,16 @@ def test_chaos_short_form(tmp_path: Path) -> None:
     assert report.lost == 0, report.text
     assert report.unexpected == 0, report.text
     assert report.early == 0, report.text
+    # nothing left later than lease + lease/3 (+1 s) after its instant unless the
+    # database or the broker failed meanwhile (abandoned claims included; the
+    # seed's takeovers all come near such faults, test_failures.py holds the
+    # bound on its own)
+    assert report.bound_s == LEASE + LEASE / 3 + 1, report.text
+    assert report.over_bound == 0, report.text
+    assert report.worst_takeover_s <= report.bound_s, report.text
+    # the rolling restart ran both versions side by side, and the union ran:
+    # the every-1-s version's own instants while one of its replicas ran
+    assert report.roll_required > 0, report.text
     assert not report.problems, report.text
     assert report.due_required > 100 and report.executed >= report.due_required, report.text
     # the outage really left slots to the missed-run policy, and it sent some
@@ -70,6 +80,33 @@ def test_chaos_short_form(tmp_path: Path) -> None:
     assert len(offsets) == 2 and all(80_000 < o < 100_000 for o in offsets), report.text
     # the workers ran this checkout
     assert report.code_under_test == [str(ROOT / "celery_singlebeat" / "__init__.py")], report.text
+
+
+def test_an_instant_only_one_version_has_is_required_while_a_replica_of_it_runs() -> None:
+    run = chaos.Chaos.__new__(chaos.Chaos)
+    us = chaos.US
+    run.lives = {
+        # version 2 from t=10 s (connected at 12 s) until stopped at 30 s
+        "r0.2": chaos.Life("2", 10 * us, connected_us=12 * us, ended_us=30 * us),
+        "r1.1": chaos.Life("1", 0, connected_us=2 * us),
+    }
+    run.faults = [chaos.Fault("pause", "r0", "", 20 * us, end_us=25 * us, proc="r0.2")]
+    upto = 100 * us
+    # running and connected throughout: must run
+    assert run.version_ran("2", 14 * us, 16 * us, upto)
+    # before it connected, while it was paused, after it stopped: need not
+    assert not run.version_ran("2", 11 * us, 13 * us, upto)
+    assert not run.version_ran("2", 21 * us, 23 * us, upto)
+    assert not run.version_ran("2", 31 * us, 33 * us, upto)
+    # version 1 ran from 2 s to the end
+    assert run.version_ran("1", 50 * us, 60 * us, upto)
+    # may have: it had started (or started within the grace after the instant),
+    # or had stopped less than a second before it
+    assert run.version_may_have_run("2", 5 * us, upto)
+    assert run.version_may_have_run("2", 30 * us + us // 2, upto)
+    # no process of that version anywhere near: the instant is no slot
+    assert not run.version_may_have_run("2", 3 * us, upto)
+    assert not run.version_may_have_run("2", 32 * us, upto)
 
 
 #: the end of a real worker log from a 10-minute run (seed 1): kombu's Redis
