@@ -50,6 +50,7 @@ from .slots import (
     slot_header,
     slot_task_id,
 )
+from .stopping import stop_deferred
 from .store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
 from .store.schema import MAX_ENTRY_NAME
 
@@ -225,10 +226,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        # A stop (SIGTERM, SIGINT) waits for the tick: cut between a claim and
+        # its confirm it would delay or repeat those slots (stopping.py).
         try:
-            if not self._ready:
-                self._connect()
-            delay = self._tick()
+            with stop_deferred():
+                if not self._ready:
+                    self._connect()
+                delay = self._tick()
         except StoreUnavailable as exc:
             return self._outage(exc)
         if self._outage_since is not None:
