@@ -86,6 +86,8 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
                 "keepalives_idle": 5,
                 "keepalives_interval": 2,
                 "keepalives_count": 3,
+                # (with psycopg 3.2+, every statement also waits at most 15 s for
+                # its answer: psycopg_timeout; connect_args "read_timeout" sets it)
                 # no server-side prepared statements: they break behind PgBouncer
                 # in transaction pooling mode
                 "prepare_threshold": None,
@@ -151,7 +153,18 @@ class SqlStore(Store):
         )
 
     def _install_session_setup(self) -> None:
-        if self.backend in ("mysql", "mariadb"):
+        if self.backend == "postgresql" and self.engine.dialect.driver == "psycopg":
+            from . import psycopg_timeout
+
+            if psycopg_timeout.SUPPORTED:
+
+                @event.listens_for(self.engine, "do_connect")
+                def _psycopg_connect(
+                    _dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]
+                ) -> Any:
+                    return psycopg_timeout.connect(cargs, cparams)
+
+        elif self.backend in ("mysql", "mariadb"):
 
             @event.listens_for(self.engine, "connect")
             def _mysql_session(dbapi_conn: Any, _record: Any) -> None:
@@ -201,6 +214,10 @@ class SqlStore(Store):
                     connected = True
                     return work(conn)
             except DBAPIError as exc:
+                if getattr(exc.orig, "singlebeat_no_answer", False):
+                    # the server (or the path to it) went silent: a new
+                    # connection would wait out its connect_timeout in vain
+                    raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
                 if exc.connection_invalidated and reconnect_until is None:
                     # A pooled connection that died while idle (database restart,
                     # proxy timeout): the pool is invalidated, try again on a new

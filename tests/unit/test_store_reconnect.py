@@ -100,3 +100,26 @@ def test_a_second_dead_connection_within_the_window_is_retried(store: SqlStore) 
     taken = _scripted(store, ["dead", "dead", "refused", "ok"])
     assert store._run("claim", _work) == "done"
     assert taken == ["dead", "dead", "refused", "ok"]
+
+
+class _Silent(Exception):
+    """Stands in for psycopg_timeout.NoAnswer (no psycopg needed here)."""
+
+    singlebeat_no_answer = True
+
+
+def test_no_answer_is_an_outage_at_once_without_reconnecting(store: SqlStore) -> None:
+    # the statement timed out and closed its connection (SQLAlchemy calls that
+    # invalidated); a new connection would only wait out its connect_timeout
+    taken: list[str] = []
+
+    @contextmanager
+    def connect() -> Iterator[None]:
+        taken.append("silent")
+        yield None
+        raise DBAPIError("SELECT 1", {}, _Silent("no answer"), connection_invalidated=True)
+
+    store._connect = connect  # type: ignore[method-assign,assignment]
+    with pytest.raises(StoreUnavailable, match="no answer"):
+        store._run("claim", _work)
+    assert taken == ["silent"]
