@@ -91,8 +91,10 @@ from harness import (  # noqa: E402
     BeatGroup,
     BeatProcess,
     Db,
+    Postgres,
     TcpProxy,
     executions,
+    free_port,
     imported_from,
     read_records,
     run_rows,
@@ -166,12 +168,6 @@ def iso_ms(text: str) -> int:
     return round(when.timestamp() * 1000)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -186,73 +182,6 @@ def libfaketime() -> str | None:
 
 
 # -- services of this run's own ------------------------------------------------
-
-
-class Postgres:
-    """A PostgreSQL cluster of this run's own, so that it can be restarted."""
-
-    def __init__(self) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-        if not found:
-            raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb")
-        self.bindir = Path(found[-1]).parent
-        # its own folder under /tmp: the postgres user must be able to reach it
-        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
-        self.data = self.dir / "data"
-        self.port = free_port()
-        self.version = ""
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *command: str, timeout: float = 120) -> str:
-        argv = [str(self.bindir / command[0]), *command[1:]]
-        if os.geteuid() == 0:  # initdb refuses root
-            argv = ["runuser", "-u", "postgres", "--", *argv]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
-        return done.stdout
-
-    def _ctl(self, action: str, *extra: str) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c max_connections=200"
-        )
-        self._run(
-            "pg_ctl", action, "-D", str(self.data), "-l", str(self.dir / "server.log"),
-            "-w", "-t", "60", "-o", options, *extra,
-        )  # fmt: skip
-
-    def start(self) -> None:
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-        self._run(
-            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-            "--no-sync",
-        )  # fmt: skip
-        self._ctl("start")
-        self.version = self._run("postgres", "--version").strip()
-
-    def restart(self) -> None:
-        self._ctl("restart", "-m", "fast")
-
-    def stop(self) -> None:
-        """Shut the server down (fast: every session is cut) until :meth:`resume`."""
-        self._ctl("stop", "-m", "fast")
-
-    def resume(self) -> None:
-        """Start the server again after :meth:`stop`, on the same port and data."""
-        self._ctl("start")
-
-    def close(self, keep: bool) -> None:
-        try:
-            self._ctl("stop", "-m", "immediate")
-        except Exception as exc:
-            print(f"chaos: stopping PostgreSQL: {exc}", file=sys.stderr)
-        if not keep:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Redis:

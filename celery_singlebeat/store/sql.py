@@ -56,6 +56,16 @@ _MY_RETRY = {1213, 1205}
 #: deadlock retries before a statement is reported as failed.
 MAX_ATTEMPTS = 5
 
+#: after a pooled connection turned out dead, how long new connections are
+#: tried before the failure counts as an outage (seconds, monotonic clock). A
+#: server restarting (``pg_ctl restart -m fast``) ends every session and then
+#: refuses connections, or answers "the database system is starting up", for a
+#: moment: a single immediate reconnect met exactly that and reported an outage.
+RECONNECT_WINDOW_S = 2.0
+#: the first pause between those reconnects; it doubles, up to RECONNECT_PAUSE_MAX_S
+RECONNECT_PAUSE_S = 0.05
+RECONNECT_PAUSE_MAX_S = 0.4
+
 
 def _engine_defaults(url: URL) -> dict[str, Any]:
     """Driver options that keep a lost database from blocking a tick forever."""
@@ -76,6 +86,8 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
                 "keepalives_idle": 5,
                 "keepalives_interval": 2,
                 "keepalives_count": 3,
+                # (with psycopg 3.2+, every statement also waits at most 15 s for
+                # its answer: psycopg_timeout; connect_args "read_timeout" sets it)
                 # no server-side prepared statements: they break behind PgBouncer
                 # in transaction pooling mode
                 "prepare_threshold": None,
@@ -141,7 +153,18 @@ class SqlStore(Store):
         )
 
     def _install_session_setup(self) -> None:
-        if self.backend in ("mysql", "mariadb"):
+        if self.backend == "postgresql" and self.engine.dialect.driver == "psycopg":
+            from . import psycopg_timeout
+
+            if psycopg_timeout.SUPPORTED:
+
+                @event.listens_for(self.engine, "do_connect")
+                def _psycopg_connect(
+                    _dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]
+                ) -> Any:
+                    return psycopg_timeout.connect(cargs, cparams)
+
+        elif self.backend in ("mysql", "mariadb"):
 
             @event.listens_for(self.engine, "connect")
             def _mysql_session(dbapi_conn: Any, _record: Any) -> None:
@@ -179,16 +202,37 @@ class SqlStore(Store):
 
     def _run(self, what: str, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on a connection, retrying deadlocks; wrap driver errors."""
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        attempt = 0
+        #: set once a pooled connection was found dead: until when to reconnect
+        reconnect_until: float | None = None
+        pause = RECONNECT_PAUSE_S
+        while True:
+            attempt += 1
+            connected = False
             try:
                 with self._connect() as conn:
+                    connected = True
                     return work(conn)
             except DBAPIError as exc:
-                if exc.connection_invalidated and attempt == 1:
+                if getattr(exc.orig, "singlebeat_no_answer", False):
+                    # the server (or the path to it) went silent: a new
+                    # connection would wait out its connect_timeout in vain
+                    raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+                if exc.connection_invalidated and reconnect_until is None:
                     # A pooled connection that died while idle (database restart,
-                    # proxy timeout): the pool is invalidated, try once more on a
-                    # new connection before calling it an outage.
+                    # proxy timeout): the pool is invalidated, try again on a new
+                    # connection before calling it an outage.
                     logger.debug("singlebeat: %s: stale connection, reconnecting", what)
+                    reconnect_until = time.monotonic() + RECONNECT_WINDOW_S
+                    continue
+                lost = not connected or exc.connection_invalidated
+                left = reconnect_until - time.monotonic() if reconnect_until is not None else 0.0
+                if lost and left > 0:
+                    # the server that ended the session may be restarting: wait a
+                    # moment for it, rather than report an outage that is none
+                    logger.debug("singlebeat: %s: reconnect failed (%s)", what, _describe(exc))
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, RECONNECT_PAUSE_MAX_S)
                     continue
                 if self._retryable(exc) and attempt < MAX_ATTEMPTS:
                     logger.debug("singlebeat: %s: retrying after %s", what, exc.orig)
@@ -197,7 +241,6 @@ class SqlStore(Store):
                 raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
             except SQLAlchemyError as exc:
                 raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
-        raise AssertionError("unreachable")
 
     def _text(self, statement: str) -> TextClause:
         """The statement as a SQLAlchemy clause, made once: parsing its text

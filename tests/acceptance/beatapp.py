@@ -29,6 +29,8 @@ database and broker:
 * ``SB_ROLL``: ``1`` or ``2`` adds entry ``roll-0``, every 2 s (version 1) or
   every 1 s (version 2) of the same entry: replicas with different values run
   two versions of one ``beat_schedule`` side by side, as in a rolling deploy
+* ``SB_STORE_DEBUG``: ``1`` logs the store's DEBUG lines (``stale connection,
+  reconnecting``, deadlock retries) while the rest stays at INFO
 """
 
 from __future__ import annotations
@@ -96,6 +98,16 @@ app.conf.update(
     task_default_routing_key=queue,
     beat_schedule=schedule,
 )
+
+
+if os.environ.get("SB_STORE_DEBUG") == "1":
+    import logging
+
+    from celery.signals import after_setup_logger
+
+    @after_setup_logger.connect(weak=False)
+    def _store_debug(**_kwargs: object) -> None:
+        logging.getLogger("celery_singlebeat.store").setLevel(logging.DEBUG)
 
 
 @app.task(name="beatapp.probe")

@@ -17,12 +17,16 @@ and from the database's lease and run rows (:func:`lease_row`, :func:`run_rows`)
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -431,11 +435,25 @@ def _hard_close(sock: socket.socket) -> None:
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to ``target``; :meth:`cut` closes every
-    connection and refuses new ones (the port is closed) until :meth:`restore`."""
+    connection and refuses new ones (the port is closed) until :meth:`restore`.
+
+    :meth:`blackhole` is the other way a network fails: silence. Nothing is
+    forwarded in either direction, no socket is closed, and a new connection
+    completes its handshake (the kernel's backlog) but is never forwarded, so
+    the client waits on a peer that says nothing, as behind dropped packets.
+    One difference remains: this host's kernel acknowledges what the client
+    sends, so the client's own TCP timeouts for unacknowledged data
+    (``tcp_user_timeout``) and keepalives do not fire: what it sees is a
+    path through a TCP-terminating middlebox (a sidecar, a pooler) whose far
+    side went silent, and only a timeout of the client's own on the reply
+    ends its wait. :meth:`restore` forwards again, what was held included."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.port = 0
+        #: set while forwarding; cleared by blackhole()
+        self._open = threading.Event()
+        self._open.set()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -465,6 +483,8 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # cut() shut the listener down
+            # black hole: the connection is accepted, and held unforwarded
+            self._open.wait()
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
@@ -482,7 +502,13 @@ class TcpProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while data := src.recv(65536):
+            while True:
+                # black hole: read nothing more, and hold what was read
+                self._open.wait()
+                data = src.recv(65536)
+                if not data:
+                    break
+                self._open.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -502,13 +528,97 @@ class TcpProxy:
         for sock in conns:
             _hard_close(sock)
 
+    def blackhole(self) -> None:
+        """Go silent until :meth:`restore`: forward nothing, close nothing."""
+        self._open.clear()
+
     def restore(self) -> None:
+        self._open.set()
         with self._lock:
             if self._listener is None:
                 self._listen()
 
     def close(self) -> None:
         self.cut()
+        # wake threads held by a black hole, so that they meet the closed sockets
+        self._open.set()
+
+
+# -- a PostgreSQL cluster of a test's own -----------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Postgres:
+    """A PostgreSQL cluster of a test's (or a benchmark run's) own, so that it can be
+    restarted or stopped without touching the shared server."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb")
+        self.bindir = Path(found[-1]).parent
+        # its own folder under /tmp: the postgres user must be able to reach it
+        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.version = ""
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *command: str, timeout: float = 120) -> str:
+        argv = [str(self.bindir / command[0]), *command[1:]]
+        if os.geteuid() == 0:  # initdb refuses root
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def _ctl(self, action: str, *extra: str) -> None:
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl", action, "-D", str(self.data), "-l", str(self.dir / "server.log"),
+            "-w", "-t", "60", "-o", options, *extra,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(
+            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "--no-sync",
+        )  # fmt: skip
+        self._ctl("start")
+        self.version = self._run("postgres", "--version").strip()
+
+    def restart(self) -> None:
+        self._ctl("restart", "-m", "fast")
+
+    def stop(self) -> None:
+        """Shut the server down (fast: every session is cut) until :meth:`resume`."""
+        self._ctl("stop", "-m", "fast")
+
+    def resume(self) -> None:
+        """Start the server again after :meth:`stop`, on the same port and data."""
+        self._ctl("start")
+
+    def close(self, keep: bool) -> None:
+        try:
+            self._ctl("stop", "-m", "immediate")
+        except Exception as exc:
+            print(f"chaos: stopping PostgreSQL: {exc}", file=sys.stderr)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- the database, read directly by the test ---------------------------------

@@ -234,10 +234,11 @@ def test_database_outage(
     periods = {name: SLOW_US if name == "slow-0" else PERIOD_US for name in anchors}
     graces = {name: SLOW_GRACE_US if name == "slow-0" else GRACE_US for name in anchors}
     wait_for(lambda: len(reader.messages()) >= 6, 15, "sending before the outage")
-    # Cut just after a 1 s slot, 0.85 s before a slow-0 slot: the replicas fail
-    # at that slot and retry 0.5, 1.5, 3.5 and 7.5 s later, so the last retry
-    # falls just after the restore and the first claim after the outage comes
-    # ~2.5 s after slow-0's latest slot: no on-time slot for it, the case where
+    # Cut just after a 1 s slot, 0.85 s before a slow-0 slot: the replicas meet
+    # their reset connections at the next tick, try new ones for 2 s (the store's
+    # reconnect window), fail, and retry 0.5, 1.5, 3.5 and 7.5 s later, so the
+    # first claim after the outage comes a few seconds after slow-0's latest
+    # slot and before its next one: no on-time slot for it, the case where
     # coalesce (send the latest missed one) and skip (send none) differ. The
     # assertions do not rely on this timing, only the coverage of that case does.
     slow_anchor = anchors["slow-0"]

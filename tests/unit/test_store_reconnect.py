@@ -1,0 +1,125 @@
+"""SqlStore._run after a pooled connection died: a server restarting refuses
+new connections for a moment, and that moment is not an outage.
+
+No service: a SQLite store whose connections are replaced by a script of
+failures (the shapes SQLAlchemy raises: a statement on a connection it then
+invalidates, and a connect that fails)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from celery_singlebeat.exceptions import StoreUnavailable
+from celery_singlebeat.store import sql
+from celery_singlebeat.store.sql import SqlStore
+
+
+class _Gone(Exception):
+    """Stands in for the driver's error."""
+
+
+def _dead_connection() -> DBAPIError:
+    return DBAPIError(
+        "SELECT 1", {}, _Gone("server closed the connection"), connection_invalidated=True
+    )
+
+
+def _refused() -> DBAPIError:
+    return DBAPIError(None, None, _Gone("connection refused"))
+
+
+def _scripted(store: SqlStore, script: list[str]) -> list[str]:
+    """Each connection attempt takes the next step: ``dead`` (connects, its
+    statement fails and the connection is invalidated), ``refused`` (the
+    connect fails) or ``ok``. Returns the steps taken."""
+    taken: list[str] = []
+
+    @contextmanager
+    def connect() -> Iterator[None]:
+        step = script[len(taken)]
+        taken.append(step)
+        if step == "refused":
+            raise _refused()
+        yield None
+        if step == "dead":
+            raise _dead_connection()
+
+    store._connect = connect  # type: ignore[method-assign,assignment]
+    return taken
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    store = SqlStore(make_url(f"sqlite:///{tmp_path}/s.sqlite"))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _work(_conn: object) -> str:
+    return "done"
+
+
+def test_a_restart_shorter_than_the_window_is_no_outage(store: SqlStore) -> None:
+    # the pooled connection is dead, then the server refuses twice, then is back
+    taken = _scripted(store, ["dead", "refused", "refused", "ok"])
+    assert store._run("claim", _work) == "done"
+    assert taken == ["dead", "refused", "refused", "ok"]
+
+
+def test_a_refusal_past_the_window_is_an_outage(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql, "RECONNECT_WINDOW_S", 0.3)
+    taken = _scripted(store, ["dead"] + ["refused"] * 100)
+    with pytest.raises(StoreUnavailable, match="claim failed"):
+        store._run("claim", _work)
+    # pauses of 0.05, 0.1, 0.2 s (then the window is over): a few tries, not a spin
+    assert 3 <= taken.count("refused") <= 6, taken
+
+
+def test_a_refused_connect_without_a_dead_one_first_is_an_outage_at_once(
+    store: SqlStore,
+) -> None:
+    # no session was ended: nothing suggests a restart, so no waiting
+    taken = _scripted(store, ["refused", "ok"])
+    with pytest.raises(StoreUnavailable):
+        store._run("claim", _work)
+    assert taken == ["refused"]
+
+
+def test_a_second_dead_connection_within_the_window_is_retried(store: SqlStore) -> None:
+    # a new connection made just before the server went down dies too
+    taken = _scripted(store, ["dead", "dead", "refused", "ok"])
+    assert store._run("claim", _work) == "done"
+    assert taken == ["dead", "dead", "refused", "ok"]
+
+
+class _Silent(Exception):
+    """Stands in for psycopg_timeout.NoAnswer (no psycopg needed here)."""
+
+    singlebeat_no_answer = True
+
+
+def test_no_answer_is_an_outage_at_once_without_reconnecting(store: SqlStore) -> None:
+    # the statement timed out and closed its connection (SQLAlchemy calls that
+    # invalidated); a new connection would only wait out its connect_timeout
+    taken: list[str] = []
+
+    @contextmanager
+    def connect() -> Iterator[None]:
+        taken.append("silent")
+        yield None
+        raise DBAPIError("SELECT 1", {}, _Silent("no answer"), connection_invalidated=True)
+
+    store._connect = connect  # type: ignore[method-assign,assignment]
+    with pytest.raises(StoreUnavailable, match="no answer"):
+        store._run("claim", _work)
+    assert taken == ["silent"]
