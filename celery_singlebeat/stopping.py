@@ -9,13 +9,15 @@ takeover after the lease publishes them again: a repeat). A rolling deploy
 stops every replica once, so without this each deploy could repeat or delay the
 runs of the ticks it interrupts.
 
-So the tick runs with both signals blocked in the main thread: a stop that
-arrives meanwhile stays pending and is delivered the moment the tick returns,
-with its slots published and confirmed (or released). A tick is milliseconds;
-its worst case is bounded by the store's and the broker's timeouts, well inside
-a pod's termination grace period (30 s by default). Outside the main thread
-(a beat run as a thread) Python delivers no signal there, so nothing is needed;
-where ``pthread_sigmask`` does not exist (Windows), nothing is done.
+So while a tick runs, both signals are only noted (Python runs every signal
+handler in the main thread, whichever thread the kernel delivered the signal
+to, so blocking them with a signal mask would not hold them back once beat has
+another thread); when the tick returns the original handlers are put back and
+a noted stop is raised again, at a point where the tick's slots are published
+and confirmed (or released). A tick is milliseconds; its worst case is bounded
+by the store's and the broker's timeouts, well inside a pod's termination grace
+period (30 s by default). Outside the main thread (a beat run as a thread)
+Python delivers no signal there and handlers cannot be set, so nothing is done.
 """
 
 from __future__ import annotations
@@ -24,25 +26,37 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 #: what Celery's beat and the kubelet send to stop a process
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
 def stop_deferred() -> Iterator[None]:
-    """Run the body with SIGTERM and SIGINT held back; deliver them after."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None or threading.current_thread() is not threading.main_thread():
+    """Run the body with SIGTERM and SIGINT noted, not acted on; raise the
+    first one noted again, with the original handlers, once the body is done."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = mask(signal.SIG_BLOCK, STOP_SIGNALS)
+    noted: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        # None: a handler set outside Python, which could not be put back
+        if handler is not None:
+            previous[sig] = signal.signal(sig, note)
     try:
         yield
     finally:
-        # Unblocking delivers what is pending: Python runs the handler right
-        # after this call, at a point where the tick's work is complete.
-        mask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])
 
 
 __all__ = ["STOP_SIGNALS", "stop_deferred"]
