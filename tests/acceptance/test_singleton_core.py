@@ -31,6 +31,7 @@ from harness import (
     executions,
     group_env,
     imported_from,
+    interval_slots,
     kill_group,
     lease_row,
     log_ids,
@@ -446,6 +447,8 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
     wait_for(
         lambda: all("connected to" in b.log() for b in beats), 45, "the replicas", interval=0.2
     )
+    anchors = db.anchors()
+    assert len(anchors) == 3, anchors
     start_us = db.now_us()
 
     def running(until_us: int) -> bool:
@@ -461,20 +464,34 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
     dup_id = _send_slot(sender, queue, entry, slot_us, PROBE, int(entry.split("-")[1]))
     assert dup_id == injected.task_id
     wait_for(lambda: running(start_us + int(duration * US)), duration, "the run", 0.2)
+    # What must have run is counted from the anchors, not from the rows the
+    # replicas wrote: a slot no replica ever claimed is missing here too.
+    upto = db.now_us()
+    expected = {
+        (name, at) for name, anchor in anchors.items() for at in interval_slots(anchor, US, upto)
+    }
+
+    def executed() -> set[tuple[str, int] | None]:
+        return {e.slot for e in _executions(record, PROBE)}
+
+    try:
+        wait_for(lambda: expected <= executed(), 30, "every slot up to now to execute", 0.2)
+    except AssertionError as exc:
+        missing = sorted(expected - executed())
+        raise AssertionError(f"{exc}: never executed {missing}\n{rig.group.outputs()}") from None
     for beat in beats:
         beat.stop()
+    # Slots after ``upto`` sent before the stop must execute too, and the duplicate.
     sent = {slot for slot, row in db.rows().items() if row.state == 1}
     try:
         wait_for(
-            lambda: (
-                sent <= {e.slot for e in _executions(record, PROBE)} and _done([worker], dup_id, 2)
-            ),
+            lambda: sent <= executed() and _done([worker], dup_id, 2),
             30,
             "the worker to execute every sent slot",
             0.2,
         )
     except AssertionError as exc:
-        missing = sorted(sent - {e.slot for e in _executions(record, PROBE)})
+        missing = sorted(sent - executed())
         raise AssertionError(f"{exc}: never executed {missing}\n{rig.group.outputs()}") from None
 
     executions = _executions(record, PROBE)
@@ -482,8 +499,11 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
     runs = run_rows(db)
     dropped = [m for m in DROPPED_LINE.finditer(worker.log())]
     detail = f"{rig.group.outputs()}"
-    assert len(sent) >= 3 * (duration - 3), f"only {len(sent)} slots sent\n{detail}"
     assert {s: n for s, n in copies.items() if n != 1} == {}, detail
+    # up to ``upto`` exactly the anchors' slots ran; later ones are on the grid too
+    assert {s for s in copies if s is not None and s[1] <= upto} == expected, detail
+    off_grid = [s for s in copies if s is not None and (s[1] - anchors[s[0]]) % US]
+    assert not off_grid, f"executed off the anchor grid: {off_grid}"
     assert set(copies) <= set(db.rows()), "executed a slot no replica claimed"
     assert all(e.end is not None and e.lost is False for e in executions), detail
     for slot in copies:

@@ -3,11 +3,13 @@ the end and print every row.
 
 Not timed tests: they assert that the scripts complete against the real
 services and that their tables have the expected rows, plus the outcomes that
-do not depend on the machine's speed (singlebeat never duplicates, nor loses a
-run to a kill or a pause; three independent default schedulers duplicate; a
-tick costs a constant number of statements whatever the number of due entries;
-a SingletonTask execution costs a fixed number of statements; under the load
-run's mix of crontabs and intervals every due slot is sent exactly once).
+do not depend on the machine's speed (singlebeat never duplicates nor misses a
+slot, nor loses a run to a kill or a pause; three independent default
+schedulers duplicate; a tick costs exactly the statements docs/performance.md
+states, 2 on PostgreSQL and SQLite and 3 on MariaDB, whatever the number of due
+entries; a SingletonTask execution costs a fixed number of statements; under
+the load run's mix of crontabs and intervals every due slot is sent exactly
+once). Counts are asserted exactly; timings are not asserted.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def test_quick_run_completes_with_every_row(
 ) -> None:
     stdout, results = run_quick(SCRIPT, tmp_path)
     _check_tables(stdout, results)
-    _check_duplicates(results["duplicates"])
+    _check_duplicates(results["duplicates"], results["plan"]["dup_window"])
     _check_round_trips(results["round_trips"])
     _check_rates(results)
 
@@ -85,25 +87,26 @@ def _check_tables(stdout: str, results: dict[str, Any]) -> None:
         "uncoordinated batch sender (no database)",
     ):
         assert sum(line.startswith(sender) for line in lines) >= 1, sender
-    assert results["machine"]["nproc"] >= 1
-    assert results["plan"]["quick"] is True
 
 
-def _check_duplicates(found: list[dict[str, Any]]) -> None:
+def _check_duplicates(found: list[dict[str, Any]], window_s: float) -> None:
     rows = {(r["scheduler"], r["replicas"]): r for r in found}
     assert set(rows) == {(k, n) for k in ("singlebeat", "default", "redbeat") for n in (1, 3)}
     for row in rows.values():
-        assert row["slots_due"] == 5 * round(row["window_s"])
-        assert row["messages"] == row["distinct_runs"] + row["duplicates"]
-    # the guarantee, and the baseline's failure it exists for
-    assert rows["singlebeat", 1]["duplicates"] == 0
-    assert rows["singlebeat", 3]["duplicates"] == 0
-    assert rows["singlebeat", 3]["messages"] > 0
-    assert rows["default", 3]["duplicates"] > 0
-    # dispatch delay (slot instant to publish) is measured for singlebeat's rows
+        # 5 entries every second over the plan's window, for every scheduler
+        assert row["slots_due"] == 5 * round(window_s), row
+    # the guarantee: each slot of the window once, none missed (singlebeat's
+    # slots are counted by their instant, so the count is exact) ...
     for replicas in (1, 3):
         row = rows["singlebeat", replicas]
-        assert row["delay_ms_median"] <= row["delay_ms_p95"] <= row["delay_ms_max"]
+        assert (row["duplicates"], row["missed"]) == (0, 0), row
+        assert row["messages"] == row["distinct_runs"] == row["slots_due"], row
+    # ... and the baseline's failure it exists for
+    assert rows["default", 3]["duplicates"] > 0
+
+
+#: SqlStore.round_trips of a tick with due slots (no sweep), as docs/performance.md states
+STATEMENTS_PER_TICK = {"PostgreSQL": 2, "MariaDB": 3, "SQLite": 2}
 
 
 def _check_round_trips(rows: list[dict[str, Any]]) -> None:
@@ -113,10 +116,8 @@ def _check_round_trips(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         assert "error" not in row, row
         assert row["due_per_tick"] >= row["due_entries"]
-    for database in ("PostgreSQL", "MariaDB", "SQLite"):
-        counts = {r["statements_per_tick"] for r in rows if r["database"] == database}
         # claim + confirm (+ the batch read on MariaDB), whatever the batch size
-        assert len(counts) == 1 and counts.pop() <= 3, database
+        assert row["statements_per_tick"] == STATEMENTS_PER_TICK[row["database"]], row
 
 
 def _check_rates(results: dict[str, Any]) -> None:
@@ -130,7 +131,6 @@ def _check_rates(results: dict[str, Any]) -> None:
     ]
     for row in rows:
         assert row["messages"] > 0 and row["dispatches_per_s"] > 0, row
-    assert isinstance(results["singlebeat_meets_target"], bool)
 
 
 #: the senders of table 4: the uncoordinated batch sender, one and three replicas
@@ -151,12 +151,11 @@ def test_quick_scale_run_completes_with_every_row(
     assert verdicts[0].startswith("one replica / uncoordinated sender")
     assert any(line.startswith("three replicas >= 1.5x one") for line in verdicts)
     assert verdicts[-1].startswith("largest replica share")
-    shares = sharing["singlebeat", 3, 5000]["shares"]
-    assert shares and abs(sum(shares) - 1) < 0.01
+    assert sharing["singlebeat", 3, 5000]["shares"], "no replica owned a slot"
     burst = results["burst"]
-    # the guarantee, whatever the machine's speed: no slot sent twice
-    assert burst["messages"] > 0 and burst["duplicates"] == 0
-    assert burst["messages"] == burst["distinct"]
+    # the guarantee: every slot of the burst sent, none twice (it has 11 s)
+    assert (burst["duplicates"], burst["missed"]) == (0, 0), burst
+    assert burst["messages"] == burst["distinct"] == burst["due"] > 0, burst
     assert [r["database"] for r in results["startup"]] == ["PostgreSQL", "MariaDB", "SQLite"]
     for row in results["startup"]:
         assert "error" not in row, row
@@ -179,7 +178,6 @@ def test_singleton_run_completes_with_every_row(
     for title in ("8. Per execution in-process", "9. End to end", "10. SQL round trips"):
         assert title in stdout, title
     assert "PostgreSQL: SingletonTask adds <= 5 ms per execution" in stdout
-    assert isinstance(results["postgresql_within_target"], bool)
     databases = ["PostgreSQL", "MariaDB", "SQLite"]
     inprocess = results["inprocess"]
     assert [r["database"] for r in inprocess] == [*databases, "no database (MemoryStore)"]
@@ -187,7 +185,7 @@ def test_singleton_run_completes_with_every_row(
         assert "error" not in row, row
         assert row["slot_header_reaches_request"] is True
         for kind in ("plain", "singleton", "slot"):
-            assert 0 < row[kind]["median_ms"] <= row[kind]["p95_ms"], row
+            assert row[kind]["median_ms"] > 0, row
     for row in inprocess[:3]:
         ops = SINGLETON_TRIPS[row["database"]]
         assert {name: row["operations"][name]["round_trips"] for name in ops} == ops
@@ -230,8 +228,6 @@ def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Pat
     for (scenario, kind), row in rows.items():
         assert row["replicas"] == COMPARED[scenario][kind], row
         assert row["runs_due"] > 0 and row["messages"] > 0, row
-        assert row["duplicates"] == row["messages"] - row["distinct_runs"], row
-        assert row["process"], row
     for scenario in COMPARED:
         ours = rows[scenario, "singlebeat"]
         # the faults land between ticks: neither leaves singlebeat a repeat
@@ -253,7 +249,7 @@ def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_p
     assert (slots["duplicates"], slots["missed"], slots["not_due"]) == (0, 0, 0), slots
     assert slots["distinct"] == slots["messages"] == slots["due"], slots
     assert slots["duplicates_whole_run"] == 0, slots
-    assert 0 <= slots["delay_ms_median"] <= slots["delay_ms_p99"] <= slots["delay_ms_max"]
+    assert slots["delay_ms_median"] >= 0, slots
     # the 1,000 crontabs at the minute, and each burst's last slot was sent
     assert any(b["kinds"] == ["cron"] and b["due"] == 1000 for b in slots["bursts"]), slots
     assert all(b["last_sent_after_ms"] is not None for b in slots["bursts"]), slots
@@ -269,5 +265,4 @@ def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_p
     for replica in replicas:
         assert replica["statements"] > 0 and replica["cpu_s"] > 0, replica
         assert replica["slots_sent"] > 0 and replica["peak_rss_mb"] > 0, replica
-        assert isinstance(replica["log_warnings"], list)
     assert sum(r["slots_sent"] for r in replicas) == slots["due"]
