@@ -18,6 +18,8 @@ and confirmed (or released). A tick is milliseconds; its worst case is bounded
 by the store's and the broker's timeouts, well inside a pod's termination grace
 period (30 s by default). Outside the main thread (a beat run as a thread)
 Python delivers no signal there and handlers cannot be set, so nothing is done.
+A second stop while one is held is not held: whoever asks again means it, and
+the original handler runs at once, as without this.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 #: what Celery's beat and the kubelet send to stop a process
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -40,21 +43,32 @@ def stop_deferred() -> Iterator[None]:
         yield
         return
     noted: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def restore() -> None:
+        while previous:
+            sig, handler = previous.popitem()
+            signal.signal(sig, handler)
 
     def note(signum: int, frame: FrameType | None) -> None:
+        if noted:
+            # asked twice: stop now, through the original handler
+            noted.clear()
+            restore()
+            signal.raise_signal(signum)
+            return
         noted.append(signum)
 
-    previous = {}
     for sig in STOP_SIGNALS:
         handler = signal.getsignal(sig)
-        # None: a handler set outside Python, which could not be put back
-        if handler is not None:
+        # None: a handler set outside Python, which could not be put back;
+        # SIG_IGN: nothing to defer
+        if handler is not None and handler != signal.SIG_IGN:
             previous[sig] = signal.signal(sig, note)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore()
         if noted:
             signal.raise_signal(noted[0])
 

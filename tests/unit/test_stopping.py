@@ -109,3 +109,17 @@ def test_the_handlers_are_restored_when_the_tick_raises(stop_handler: list[str])
         raise RuntimeError("a failing tick")
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
     assert stop_handler == []
+
+
+def test_a_second_stop_while_one_is_held_stops_at_once(stop_handler: list[str]) -> None:
+    with pytest.raises(Stopped), stop_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop_handler.append("first held")
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+        stop_handler.append("never reached")
+    assert stop_handler == ["first held", "delivered"]
+    # and the original handler is back
+    assert signal.getsignal(signal.SIGTERM) is not None
+    assert signal.getsignal(signal.SIGTERM).__name__ == "handler"
