@@ -520,6 +520,40 @@ def test_the_broker_error_line_counts_only_the_slots_released_untried(
     assert all(row.state == 0 and row.lease_until_us == 0 for row in harness.store.slot_rows())
 
 
+def test_a_sweep_takes_over_at_most_the_takeover_batch_oldest_first(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seven abandoned claims of two entries; with singlebeat_takeover_batch 3
+    # each sweep publishes the three oldest left, in slot order, then waits for
+    # its next sweep: the catch-up after a long broker outage comes in steps.
+    harness = harness_for({"a": every(60), "b": every(60)}, singlebeat_takeover_batch=3)
+    store = harness.store
+    store.prepare(create=True)
+    store.register(["a", "b"])
+    t0 = harness.t0_us
+    keys = [SlotKey("a", t0 - k * US) for k in range(4)] + [
+        SlotKey("b", t0 - k * US) for k in range(3)
+    ]
+    store.claim("dead-replica", keys, US)
+    harness.clock.advance(2 * SECOND)
+    oldest_first = sorted(keys, key=lambda k: (k.slot_us, k.entry))
+
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    replica = harness.replica()
+    assert replica.settings.takeover_batch == 3
+    sweeps = []
+    for _ in range(4):
+        replica.tick()
+        replica.tick()  # no sweep due: nothing more is taken over
+        sweeps.append([SlotKey(m.entry, m.at_us) for m in harness.drain()])
+        shift[0] += replica.settings.lease.total_seconds() / 3  # the next sweep is due
+    assert sweeps == [oldest_first[:3], oldest_first[3:6], oldest_first[6:], []]
+    assert replica.stats["taken_over"] == 7
+    assert {(row.state, row.fence) for row in store.slot_rows()} == {(1, 2)}
+
+
 # -- clock steps --------------------------------------------------------------
 
 #: a sweep or a prune round trip would correct a stepped clock before the claim
