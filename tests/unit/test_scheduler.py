@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import time
 import tracemalloc
 import uuid
@@ -494,6 +495,44 @@ def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
     healthy = harness.replica()
     healthy.tick()
     assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on: connecting to it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_first_publish_to_an_unreachable_broker_fails_like_any_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Celery's Scheduler.producer first waits for the broker in
+    # ensure_connection(), up to broker_connection_max_retries (100) with a
+    # back-off growing to 30 s: found in a real beat whose first publish came
+    # during a broker outage (tests/acceptance/test_outages.py), its loop stalled
+    # for the whole outage, claims unpublished, and the missed-run policy then
+    # dropped the slots it had not proposed. One retry here, so that the old
+    # behaviour fails fast: it logged Celery's "beat: Connection error" and
+    # raised out of tick().
+    caplog.set_level(logging.INFO)
+    app = make_app(f"sb-{uuid.uuid4().hex[:10]}", {"job": every(1)})
+    app.conf.broker_url = f"redis://127.0.0.1:{_closed_port()}/0"
+    app.conf.broker_connection_max_retries = 1
+    clock = FakeClock()
+    store = MemoryStore(now_us=clock)
+    replica = MemoryScheduler(app, store=store)
+    replica.tick()
+    clock.advance(SECOND)
+    replica.tick()  # claims job@t0+1 s; its first publish finds no broker
+    assert replica.stats["claimed"] == 1 and replica.stats["sent"] == 0
+    assert not [r for r in caplog.records if "beat: Connection error" in r.getMessage()]
+    assert any(
+        r.levelno == logging.ERROR and "publishing slot job@" in r.getMessage()
+        for r in caplog.records
+    )
+    [row] = store.slot_rows()
+    assert (row.state, row.lease_until_us) == (0, 0)  # released for a sweep to send
 
 
 class RefusingThenUnreachable(UnreachableBroker):
