@@ -408,6 +408,137 @@ def test_winning_back_its_own_claim_after_a_lost_answer_is_not_a_takeover(
     assert replica.stats["taken_over"] == 0
 
 
+class FailingConfirm(MemoryStore):
+    """A store whose next confirm fails before it reaches the "database" (an
+    outage that begins between a publish and its confirm), then recovers.
+    Records the claims, sweeps and confirms it is asked for, in order."""
+
+    fail_next_confirm = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls: list[tuple[str, list[SlotKey]]] = []
+
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+        won = super().claim(owner, slots, lease_us)
+        self.calls.append(("claim", [c.key for c in won]))
+        return won
+
+    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        taken = super().take_over(owner, lease_us, limit)
+        self.calls.append(("take_over", [c.key for c in taken]))
+        return taken
+
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        self.calls.append(("confirm", [c.key for c in claims]))
+        if self.fail_next_confirm:
+            self.fail_next_confirm = False
+            raise StoreUnavailable("confirm failed: connection lost before the answer")
+        return super().confirm(owner, claims)
+
+
+def _published_then_unconfirmed(
+    harness: Harness,
+) -> tuple[FailingConfirm, MemoryScheduler, list[SlotKey]]:
+    """A replica that published a@t0+1 s and b@t0+1 s (drained from the
+    broker here) and whose confirm of them failed."""
+    store = harness.store = FailingConfirm(now_us=harness.clock)
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(SECOND)
+    store.fail_next_confirm = True
+    assert replica.tick() == 0.5  # an outage: the first retry comes after 0.5 s
+    assert replica.stats["outages"] == 1
+    pending = [SlotKey("a", t0 + US), SlotKey("b", t0 + US)]
+    assert [SlotKey(m.entry, m.at_us) for m in harness.drain()] == pending
+    assert [(r.state, r.fence) for r in store.slot_rows()] == [(0, 1), (0, 1)]
+    return store, replica, pending
+
+
+def test_claims_published_before_a_failed_confirm_are_confirmed_first_thing(
+    harness_for: Callable[..., Harness],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # guarantees.md, "Claims in flight when it started": kept in memory and
+    # confirmed before anything else once the database answers; the outage was
+    # shorter than the lease, so nothing is published twice.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)})
+    store, replica, pending = _published_then_unconfirmed(harness)
+    next_us = pending[0].slot_us + US
+
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    shift[0] += replica.settings.lease.total_seconds() / 3  # its next sweep is due
+    harness.clock.advance(SECOND)  # and the next slots
+    store.calls.clear()
+    replica.tick()
+    due = [SlotKey("a", next_us), SlotKey("b", next_us)]
+    assert store.calls == [
+        ("confirm", pending),  # first thing: before the sweep and the new claims
+        ("take_over", []),
+        ("claim", due),
+        ("confirm", due),
+    ]
+    assert [SlotKey(m.entry, m.at_us) for m in harness.drain()] == due
+    assert [(r.state, r.fence) for r in store.slot_rows()] == [(1, 1)] * 4
+    assert replica.stats["outages"] == 1
+    assert sum("database reachable again" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if "was taken over before" in r.getMessage()]
+
+
+def test_an_outage_longer_than_the_lease_after_a_publish_repeats_it_once(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same cut, but the database stays away for longer than the lease:
+    # another replica's sweep takes the claims over and publishes them again
+    # with the same task ids (the documented repeat); the first replica's
+    # confirm, first thing when it is back, finds them gone and says so.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)})
+    store, first, pending = _published_then_unconfirmed(harness)
+    lease = first.settings.lease
+    with store.outage():
+        for _ in range(4):
+            harness.clock.advance(lease / 4 + SECOND)
+            first.tick()
+    assert harness.drain() == []
+
+    second = harness.replica()
+    second.tick()  # its first tick sweeps: the lease has run out
+    first.tick()
+    sent = harness.drain()
+    copies = Counter(SlotKey(m.entry, m.at_us) for m in sent)
+    # one more copy of each (the helper drained the first), nothing else twice
+    assert [key for key in copies if key in pending] == pending
+    assert max(copies.values()) == 1
+    for key in pending:
+        ids = {m.task_id for m in sent if SlotKey(m.entry, m.at_us) == key}
+        assert ids == {slot_task_id(key.entry, key.slot_us)}
+    rows = {SlotKey(r.entry, r.slot_us): r for r in store.slot_rows()}
+    for key in pending:
+        assert (rows[key].state, rows[key].fence, rows[key].owner) == (
+            1,
+            2,
+            second.settings.replica_id,
+        )
+    assert second.stats["taken_over"] == 2
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "was taken over before replica" in r.getMessage()
+    ]
+    assert warnings == [
+        f"singlebeat: slot {key.entry}@{_iso(key.slot_us)} was taken over before replica "
+        f"{first.settings.replica_id} confirmed its publish; it is published again with "
+        f"the same task id {slot_task_id(key.entry, key.slot_us)}"
+        for key in pending
+    ]
+
+
 @pytest.mark.parametrize("taker", ["itself", "another replica"])
 def test_a_released_slot_is_taken_over_only_by_another_replica(
     harness_for: Callable[..., Harness],
