@@ -106,21 +106,32 @@ def _announced_sweeps(beat: BeatProcess) -> list[list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.redis
+@pytest.mark.parametrize(
+    "broker",
+    [
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("rabbitmq", marks=pytest.mark.rabbitmq),
+    ],
+)
 def test_broker_outage_longer_than_the_grace_loses_nothing(
-    rig: Rig, pg_url: str, redis_url: str, table_prefix: str
+    rig: Rig, request: pytest.FixtureRequest, pg_url: str, table_prefix: str, broker: str
 ) -> None:
     """guarantees.md, *Broker unreachable*: every slot claimed during the outage
     is sent once the broker is back, oldest first, at most
     ``singlebeat_takeover_batch`` per sweep per replica, and the missed-run
-    policy does not apply to them."""
-    redis = urlsplit(redis_url)
-    proxy = rig.proxy((redis.hostname or "127.0.0.1", redis.port or 6379))
+    policy does not apply to them. Redis hands messages over in pipelined
+    groups (kombu 5.7+), RabbitMQ one publish at a time."""
+    if broker == "redis":
+        broker_url = f"{request.getfixturevalue('redis_url')}/5"
+    else:
+        broker_url = request.getfixturevalue("amqp_url")
+    address = urlsplit(broker_url)
+    proxy = rig.proxy((address.hostname or "127.0.0.1", address.port or 6379))
     reader, db, env = rig.fleet(
-        f"{redis_url}/5",
+        broker_url,
         pg_url,
         table_prefix,
-        SB_BROKER=f"{_via(redis_url, proxy.port)}/5",
+        SB_BROKER=_via(broker_url, proxy.port),
         SB_ENTRIES=str(ENTRIES),
         SB_LEASE=str(BROKER_LEASE),
         SB_TAKEOVER_BATCH=str(TAKEOVER_BATCH),
@@ -188,11 +199,13 @@ def test_broker_outage_longer_than_the_grace_loses_nothing(
     for row in rows.values():
         if row.fence > 1:
             sweeps[(row.owner, row.claimed_us)].append(row)
-    catch_up = {key: rs for key, rs in sweeps.items() if key[1] >= restored_us}
-    sizes = sorted(len(rs) for rs in catch_up.values())
+    sizes = sorted(len(rs) for rs in sweeps.values())
     # at most the batch per sweep, and the batch reached: the setting applies
     assert sizes and sizes[-1] == TAKEOVER_BATCH, sizes
-    assert len(catch_up) >= len(during) / TAKEOVER_BATCH, sizes
+    # The catch-up: the sweeps that ran once the broker was back. (A sweep a
+    # moment before the restore can also succeed, its publish retried into it.)
+    catch_up = {key: rs for key, rs in sweeps.items() if key[1] >= restored_us}
+    assert len(catch_up) >= 2 * len(beats), sorted(len(rs) for rs in catch_up.values())
     # Every sweep, during the outage too, announced at most the batch.
     for beat in beats:
         announced = [len(s) for s in _announced_sweeps(beat)]
@@ -214,9 +227,15 @@ def test_broker_outage_longer_than_the_grace_loses_nothing(
         late = [s for s in older if claimed_at[(s[1], s[0])] > at_us + CONCURRENT_US]
         assert late == [], (owner, at_us, slots, late)
 
-    # Each replica said what guarantees.md says, and nothing else at ERROR.
+    # Each replica said what guarantees.md says, and nothing else at ERROR. One
+    # publish at a time (RabbitMQ): the failed publish, then the rest of its batch
+    # released untried. Pipelined (Redis), a replica whose connection was up
+    # logs the failed hand-over of its group instead.
     for beat in beats:
         assert failed(beat), beat.log()[-4000:]
+        if broker == "rabbitmq":
+            for pattern in PUBLISH_FAILED[:2]:
+                assert any(pattern.search(line) for line in failed(beat)), (beat.name, pattern)
         errors = beat.lines("ERROR/") + beat.lines("CRITICAL/")
         assert errors == failed(beat), [e for e in errors if e not in failed(beat)]
     print(
