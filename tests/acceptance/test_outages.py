@@ -320,8 +320,13 @@ def test_database_cut_between_publish_and_confirm_is_confirmed_on_return(
     assert (row.state, row.fence, row.owner) == (1, 1, cut_id), row
     sent_us = _sent_us(db, *slot)
     assert sent_us is not None and sent_us >= restored_us, (sent_us, restored_us)
+
     # ...confirmed first thing: before anything the replica claimed afterwards.
-    wait_db_time(db, db.now_us() + 3 * US, beats)
+    def claimed_since() -> list[int]:
+        rows = db.rows().values()
+        return [r.claimed_us for r in rows if r.owner == cut_id and r.claimed_us > stopped_us]
+
+    wait_for(claimed_since, 30, "the replica to claim again", interval=0.2)
     out = collect(rig, reader, db, anchors, PERIOD_US, beats=beats, alive=beats, timeout=30)
     later = [
         r.claimed_us for r in out.rows.values() if r.owner == cut_id and r.claimed_us > stopped_us
