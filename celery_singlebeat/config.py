@@ -220,6 +220,18 @@ class Settings:
             raise ConfigurationError(
                 "singlebeat_replica_id: expected a string of at most 120 characters"
             )
+        # Read from the app's conf, not only a field: a replica catching up after a
+        # broker outage publishes at most this many taken-over slots per sweep, and
+        # an operator (or a test) may need to bound that burst.
+        takeover_batch = conf.get("singlebeat_takeover_batch", 500)
+        if (
+            not isinstance(takeover_batch, int)
+            or isinstance(takeover_batch, bool)
+            or takeover_batch < 1
+        ):
+            raise ConfigurationError(
+                f"singlebeat_takeover_batch={takeover_batch!r}: expected an integer >= 1"
+            )
         create_schema = conf.get("singlebeat_create_schema", True)
         if not isinstance(create_schema, bool):
             raise ConfigurationError(
@@ -235,5 +247,6 @@ class Settings:
             table_prefix=prefix,
             replica_id=replica_id,
             max_loop_interval=max_loop,
+            takeover_batch=takeover_batch,
             run_retention=run_retention,
         )

@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
@@ -245,6 +246,20 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             self._outage_since = None
             self._backoff = BACKOFF_FIRST
         return delay
+
+    @cached_property
+    def producer(self) -> Any:
+        """The producer every publish goes through, connecting at its first use.
+
+        Celery's own first waits for the broker in ``ensure_connection()``, up to
+        ``broker_connection_max_retries`` (100) with a back-off growing to 30 s:
+        a replica whose first publish comes during a broker outage would stall
+        its loop for the outage (up to ~47 minutes), neither publishing nor
+        releasing what it claimed nor proposing what falls due, which the
+        missed-run policy then drops. Connected lazily, the first publish fails
+        like any later one, after ``task_publish_retry_policy``.
+        """
+        return self.Producer(self.connection, auto_declare=False)
 
     def sync(self) -> None:
         # Nothing to persist: every decision is already in the database.

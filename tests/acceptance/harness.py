@@ -673,6 +673,31 @@ class Db:
         self.engine.dispose()
 
 
+def wait_connected(beats: Iterable[BeatProcess], timeout: float = 45.0) -> None:
+    """Wait until every replica logged that it connected to the database."""
+    beats = list(beats)
+    wait_for(
+        lambda: all("connected to" in b.log() for b in beats),
+        timeout,
+        "every replica to connect",
+        interval=0.2,
+    )
+
+
+def wait_db_time(
+    db: Db, until_us: int, beats: Iterable[BeatProcess], interval: float = 0.2
+) -> None:
+    """Wait until the database's clock passes ``until_us``; every replica must live."""
+    beats = list(beats)
+
+    def passed() -> bool:
+        dead = [b.name for b in beats if not b.alive()]
+        assert not dead, f"beat died: {dead}"
+        return db.now_us() >= until_us
+
+    wait_for(passed, (until_us - db.now_us()) / US + 10, "the database clock", interval)
+
+
 # -- slot accounting -----------------------------------------------------------
 
 

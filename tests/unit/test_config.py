@@ -43,6 +43,7 @@ def test_defaults() -> None:
     assert settings.create_schema is True
     assert settings.table_prefix == "singlebeat_"
     assert settings.max_loop_interval == DEFAULT_MAX_LOOP_INTERVAL
+    assert settings.takeover_batch == 500
     host, pid, suffix = settings.replica_id.rsplit(":", 2)
     assert (host, pid, len(suffix)) == (socket.gethostname(), str(os.getpid()), 6)
     assert Settings.from_conf({}).replica_id != settings.replica_id  # a restart differs
@@ -72,6 +73,7 @@ def test_explicit_values_are_read() -> None:
             "singlebeat_replica_id": "pod-a",
             "singlebeat_create_schema": False,
             "singlebeat_engine_options": {"pool_size": 2},
+            "singlebeat_takeover_batch": 5,
         },
         max_loop_interval=10,
     )
@@ -81,6 +83,7 @@ def test_explicit_values_are_read() -> None:
     assert (settings.table_prefix, settings.replica_id) == ("beat_2_", "pod-a")
     assert settings.create_schema is False
     assert settings.engine_options == {"pool_size": 2}
+    assert settings.takeover_batch == 5
     assert settings.max_loop_interval == timedelta(seconds=10)
     assert settings.backend == "postgresql"
 
@@ -190,6 +193,12 @@ def test_unknown_missed_policy() -> None:
 @pytest.mark.parametrize("value", [0, -1, "5", 1.5, True, None])
 def test_bad_missed_max(value: Any) -> None:
     assert str(refused({"singlebeat_missed_max": value})).startswith("singlebeat_missed_max=")
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", 1.5, True, None])
+def test_bad_takeover_batch(value: Any) -> None:
+    message = str(refused({"singlebeat_takeover_batch": value}))
+    assert message == f"singlebeat_takeover_batch={value!r}: expected an integer >= 1"
 
 
 @pytest.mark.parametrize(

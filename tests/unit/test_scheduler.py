@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import time
 import tracemalloc
 import uuid
@@ -407,6 +408,137 @@ def test_winning_back_its_own_claim_after_a_lost_answer_is_not_a_takeover(
     assert replica.stats["taken_over"] == 0
 
 
+class FailingConfirm(MemoryStore):
+    """A store whose next confirm fails before it reaches the "database" (an
+    outage that begins between a publish and its confirm), then recovers.
+    Records the claims, sweeps and confirms it is asked for, in order."""
+
+    fail_next_confirm = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls: list[tuple[str, list[SlotKey]]] = []
+
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+        won = super().claim(owner, slots, lease_us)
+        self.calls.append(("claim", [c.key for c in won]))
+        return won
+
+    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        taken = super().take_over(owner, lease_us, limit)
+        self.calls.append(("take_over", [c.key for c in taken]))
+        return taken
+
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        self.calls.append(("confirm", [c.key for c in claims]))
+        if self.fail_next_confirm:
+            self.fail_next_confirm = False
+            raise StoreUnavailable("confirm failed: connection lost before the answer")
+        return super().confirm(owner, claims)
+
+
+def _published_then_unconfirmed(
+    harness: Harness,
+) -> tuple[FailingConfirm, MemoryScheduler, list[SlotKey]]:
+    """A replica that published a@t0+1 s and b@t0+1 s (drained from the
+    broker here) and whose confirm of them failed."""
+    store = harness.store = FailingConfirm(now_us=harness.clock)
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    harness.clock.advance(SECOND)
+    store.fail_next_confirm = True
+    assert replica.tick() == 0.5  # an outage: the first retry comes after 0.5 s
+    assert replica.stats["outages"] == 1
+    pending = [SlotKey("a", t0 + US), SlotKey("b", t0 + US)]
+    assert [SlotKey(m.entry, m.at_us) for m in harness.drain()] == pending
+    assert [(r.state, r.fence) for r in store.slot_rows()] == [(0, 1), (0, 1)]
+    return store, replica, pending
+
+
+def test_claims_published_before_a_failed_confirm_are_confirmed_first_thing(
+    harness_for: Callable[..., Harness],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # guarantees.md, "Claims in flight when it started": kept in memory and
+    # confirmed before anything else once the database answers; the outage was
+    # shorter than the lease, so nothing is published twice.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)})
+    store, replica, pending = _published_then_unconfirmed(harness)
+    next_us = pending[0].slot_us + US
+
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    shift[0] += replica.settings.lease.total_seconds() / 3  # its next sweep is due
+    harness.clock.advance(SECOND)  # and the next slots
+    store.calls.clear()
+    replica.tick()
+    due = [SlotKey("a", next_us), SlotKey("b", next_us)]
+    assert store.calls == [
+        ("confirm", pending),  # first thing: before the sweep and the new claims
+        ("take_over", []),
+        ("claim", due),
+        ("confirm", due),
+    ]
+    assert [SlotKey(m.entry, m.at_us) for m in harness.drain()] == due
+    assert [(r.state, r.fence) for r in store.slot_rows()] == [(1, 1)] * 4
+    assert replica.stats["outages"] == 1
+    assert sum("database reachable again" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if "was taken over before" in r.getMessage()]
+
+
+def test_an_outage_longer_than_the_lease_after_a_publish_repeats_it_once(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same cut, but the database stays away for longer than the lease:
+    # another replica's sweep takes the claims over and publishes them again
+    # with the same task ids (the documented repeat); the first replica's
+    # confirm, first thing when it is back, finds them gone and says so.
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)})
+    store, first, pending = _published_then_unconfirmed(harness)
+    lease = first.settings.lease
+    with store.outage():
+        for _ in range(4):
+            harness.clock.advance(lease / 4 + SECOND)
+            first.tick()
+    assert harness.drain() == []
+
+    second = harness.replica()
+    second.tick()  # its first tick sweeps: the lease has run out
+    first.tick()
+    sent = harness.drain()
+    copies = Counter(SlotKey(m.entry, m.at_us) for m in sent)
+    # one more copy of each (the helper drained the first), nothing else twice
+    assert [key for key in copies if key in pending] == pending
+    assert max(copies.values()) == 1
+    for key in pending:
+        ids = {m.task_id for m in sent if SlotKey(m.entry, m.at_us) == key}
+        assert ids == {slot_task_id(key.entry, key.slot_us)}
+    rows = {SlotKey(r.entry, r.slot_us): r for r in store.slot_rows()}
+    for key in pending:
+        assert (rows[key].state, rows[key].fence, rows[key].owner) == (
+            1,
+            2,
+            second.settings.replica_id,
+        )
+    assert second.stats["taken_over"] == 2
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "was taken over before replica" in r.getMessage()
+    ]
+    assert warnings == [
+        f"singlebeat: slot {key.entry}@{_iso(key.slot_us)} was taken over before replica "
+        f"{first.settings.replica_id} confirmed its publish; it is published again with "
+        f"the same task id {slot_task_id(key.entry, key.slot_us)}"
+        for key in pending
+    ]
+
+
 @pytest.mark.parametrize("taker", ["itself", "another replica"])
 def test_a_released_slot_is_taken_over_only_by_another_replica(
     harness_for: Callable[..., Harness],
@@ -496,6 +628,44 @@ def test_an_unreachable_broker_costs_one_attempt_per_batch_not_one_per_slot(
     assert sorted(m.entry for m in harness.drain()) == [f"job-{i}" for i in range(4)]
 
 
+def _closed_port() -> int:
+    """A local TCP port nothing listens on: connecting to it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_first_publish_to_an_unreachable_broker_fails_like_any_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Celery's Scheduler.producer first waits for the broker in
+    # ensure_connection(), up to broker_connection_max_retries (100) with a
+    # back-off growing to 30 s: found in a real beat whose first publish came
+    # during a broker outage (tests/acceptance/test_outages.py), its loop stalled
+    # for the whole outage, claims unpublished, and the missed-run policy then
+    # dropped the slots it had not proposed. One retry here, so that the old
+    # behaviour fails fast: it logged Celery's "beat: Connection error" and
+    # raised out of tick().
+    caplog.set_level(logging.INFO)
+    app = make_app(f"sb-{uuid.uuid4().hex[:10]}", {"job": every(1)})
+    app.conf.broker_url = f"redis://127.0.0.1:{_closed_port()}/0"
+    app.conf.broker_connection_max_retries = 1
+    clock = FakeClock()
+    store = MemoryStore(now_us=clock)
+    replica = MemoryScheduler(app, store=store)
+    replica.tick()
+    clock.advance(SECOND)
+    replica.tick()  # claims job@t0+1 s; its first publish finds no broker
+    assert replica.stats["claimed"] == 1 and replica.stats["sent"] == 0
+    assert not [r for r in caplog.records if "beat: Connection error" in r.getMessage()]
+    assert any(
+        r.levelno == logging.ERROR and "publishing slot job@" in r.getMessage()
+        for r in caplog.records
+    )
+    [row] = store.slot_rows()
+    assert (row.state, row.lease_until_us) == (0, 0)  # released for a sweep to send
+
+
 class RefusingThenUnreachable(UnreachableBroker):
     """The broker refuses the first message, then cannot be reached at all."""
 
@@ -518,6 +688,40 @@ def test_the_broker_error_line_counts_only_the_slots_released_untried(
     [line] = [r.getMessage() for r in caplog.records if "broker unreachable" in r.getMessage()]
     assert "released 2 claimed slots without trying them" in line
     assert all(row.state == 0 and row.lease_until_us == 0 for row in harness.store.slot_rows())
+
+
+def test_a_sweep_takes_over_at_most_the_takeover_batch_oldest_first(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seven abandoned claims of two entries; with singlebeat_takeover_batch 3
+    # each sweep publishes the three oldest left, in slot order, then waits for
+    # its next sweep: the catch-up after a long broker outage comes in steps.
+    harness = harness_for({"a": every(60), "b": every(60)}, singlebeat_takeover_batch=3)
+    store = harness.store
+    store.prepare(create=True)
+    store.register(["a", "b"])
+    t0 = harness.t0_us
+    keys = [SlotKey("a", t0 - k * US) for k in range(4)] + [
+        SlotKey("b", t0 - k * US) for k in range(3)
+    ]
+    store.claim("dead-replica", keys, US)
+    harness.clock.advance(2 * SECOND)
+    oldest_first = sorted(keys, key=lambda k: (k.slot_us, k.entry))
+
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    replica = harness.replica()
+    assert replica.settings.takeover_batch == 3
+    sweeps = []
+    for _ in range(4):
+        replica.tick()
+        replica.tick()  # no sweep due: nothing more is taken over
+        sweeps.append([SlotKey(m.entry, m.at_us) for m in harness.drain()])
+        shift[0] += replica.settings.lease.total_seconds() / 3  # the next sweep is due
+    assert sweeps == [oldest_first[:3], oldest_first[3:6], oldest_first[6:], []]
+    assert replica.stats["taken_over"] == 7
+    assert {(row.state, row.fence) for row in store.slot_rows()} == {(1, 2)}
 
 
 # -- clock steps --------------------------------------------------------------
