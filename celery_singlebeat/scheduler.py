@@ -50,6 +50,7 @@ from .slots import (
     slot_header,
     slot_task_id,
 )
+from .stopping import stop_signals_held
 from .store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
 from .store.schema import MAX_ENTRY_NAME
 
@@ -225,6 +226,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        # celery beat stops by raising SystemExit from its SIGTERM handler: inside
+        # a tick that would strand what it claimed (sent late, after the lease) or
+        # published (sent again by the takeover). The stop waits for the tick.
+        with stop_signals_held():
+            return self._tick_once()
+
+    def _tick_once(self) -> float:
         try:
             if not self._ready:
                 self._connect()
