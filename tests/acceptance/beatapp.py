@@ -19,9 +19,6 @@ database and broker:
   SIGUSR2, so a test can pick the replica when it is already running; each
   SIGUSR2 arms it again (once resumed, the next SIGUSR2 stops it once more),
   and SIGUSR1 disarms it.
-* ``SB_TERM_ON``: ``claimed`` or ``published``: send this process SIGTERM (what
-  a deploy sends) at that point of the first slot it wins, to stop it inside a
-  tick; it prints ``SB-TERM <entry> <task id>`` first
 * ``SB_TASK``: the task name every entry sends (default ``beatapp.probe``); the
   chaos run sends ``singletonapp.slot_probe``, one singleton key per entry
 * ``SB_CRON``: ``1`` adds three crontab entries: ``cron-0`` every minute,
@@ -154,21 +151,3 @@ if _stop_on == "claimed":
     signals.slot_claimed.connect(_stop, weak=False)
 elif _stop_on == "published":
     signals.slot_published.connect(_stop, weak=False)
-
-
-_term_on = os.environ.get("SB_TERM_ON")
-_termed = False
-
-
-def _term(**details: object) -> None:
-    global _termed
-    if not _termed:
-        _termed = True
-        print(f"SB-TERM {details['entry']} {details['task_id']}", flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-if _term_on == "claimed":
-    signals.slot_claimed.connect(_term, weak=False)
-elif _term_on == "published":
-    signals.slot_published.connect(_term, weak=False)

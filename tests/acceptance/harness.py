@@ -764,6 +764,79 @@ def check_slots(
     return report
 
 
+#: how late past ``L + L/3`` after its instant a taken-over slot may be *measured*
+#: in the broker. The promise counts from the instant to the takeover's publish;
+#: measuring adds the reader's poll (0.05 s), the taker's tick work after its
+#: sweep statement (a round trip and a publish: ms) and its wake-up jitter
+#: (0.01 s), plus how late the abandoned claim itself was made after the instant
+#: (ms, or the 0.25 s fallback delay for an entry the claimant proposed second),
+#: plus scheduling delay on a shared 2-core machine. 1 s covers that with room;
+#: the figures each test prints show how much is used.
+TAKEOVER_SLACK = 1.0
+
+
+@dataclass
+class Takeover:
+    """One slot abandoned by a replica and published by the replica that took it over."""
+
+    slot: tuple[str, int]
+    #: the abandoned claim's instant (fence 1, database clock)
+    claimed_us: int
+    #: the takeover's claim (the row's ``claimed_us`` at the end)
+    retaken_us: int
+    #: when the takeover's copy (the last one) reached the reader, local wall clock
+    arrived: float
+
+    def delay(self) -> float:
+        """Seconds from the slot's instant to the takeover's copy in the broker."""
+        return self.arrived - self.slot[1] / US
+
+
+def unsent_claims(db: Db, owner: str | None) -> dict[tuple[str, int], SlotRow]:
+    """The claims ``owner`` holds unsent now (state 0): read while it is frozen,
+    they are what a takeover must publish later."""
+    return {k: r for k, r in db.rows().items() if r.state == 0 and r.owner == owner}
+
+
+def check_takeovers(
+    messages: list[Received],
+    rows: dict[tuple[str, int], SlotRow],
+    abandoned: dict[tuple[str, int], SlotRow],
+    taken_over: Iterable[tuple[str, int]],
+    lease_us: int,
+) -> tuple[list[str], list[Takeover]]:
+    """Judge every taken-over slot against guarantees.md: it was one of the
+    ``abandoned`` claims, and its takeover's copy reached the broker no earlier
+    than the abandoned claim + L (the lease really ran out) and no later than
+    the slot's instant + L + L/3 (the next sweep) + :data:`TAKEOVER_SLACK`.
+
+    ``received`` is this machine's wall clock and ``slot_us``/``claimed_us`` the
+    database's: the database runs on this machine, so they are the same clock
+    (``time.time()`` and the server's ``clock_timestamp()`` both read
+    CLOCK_REALTIME; SQLite's clock is the beat process's, the same one)."""
+    problems: list[str] = []
+    found: list[Takeover] = []
+    arrivals: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for m in messages:
+        arrivals[m.slot].append(m.received)
+    bound = (lease_us + lease_us // 3) / US + TAKEOVER_SLACK
+    for slot in taken_over:
+        before, row = abandoned.get(slot), rows[slot]
+        if before is None:
+            problems.append(f"{slot}: taken over (fence {row.fence}) but not an abandoned claim")
+            continue
+        took = Takeover(slot, before.claimed_us, row.claimed_us, max(arrivals[slot]))
+        found.append(took)
+        lease_end = (before.claimed_us + lease_us) / US
+        if not took.retaken_us > before.claimed_us + lease_us or took.arrived < lease_end:
+            problems.append(f"{took}: taken over before the lease ({lease_us / US:g}s) ran out")
+        if took.delay() > bound:
+            problems.append(
+                f"{took}: in the broker {took.delay():.3f}s after its instant > {bound:g}s"
+            )
+    return problems, found
+
+
 def max_gaps(
     messages: list[Received], rows: dict[tuple[str, int], SlotRow], after: float = 0.0
 ) -> dict[str, float]:

@@ -16,14 +16,17 @@ from pathlib import Path
 
 import pytest
 from harness import (
+    TAKEOVER_SLACK,
     US,
     BeatProcess,
     Db,
     QueueReader,
     Rig,
     check_slots,
+    check_takeovers,
     collect,
     max_gaps,
+    unsent_claims,
     wait_for,
 )
 
@@ -35,6 +38,7 @@ PERIOD = 1.0
 PERIOD_US = int(PERIOD * US)
 #: short lease so an abandoned claim is taken over within seconds
 LEASE = 3.0
+LEASE_US = int(LEASE * US)
 #: how late an arrival may be measured: reader poll (0.05 s) plus scheduling
 #: jitter of three beats and the test on a shared 2-core machine
 SLACK = 0.5
@@ -142,6 +146,8 @@ def run_replicas_then_kill(
         lambda: re.search(r"SB-STOPPING (\S+) (\S+)", victim.log()), 30, "the victim to win"
     )
     wait_for(lambda: victim.state() == "T", 5, "the victim to freeze")
+    # What it leaves: the slot it froze on and whatever else that claim won.
+    abandoned = unsent_claims(db, victim_id)
     killed_at = db.now_us()
     victim.kill()
     survivors = [b for b in beats if b is not victim]
@@ -176,6 +182,9 @@ def run_replicas_then_kill(
         assert copies == (2 if task_id in victim_sent else 1), (entry, at, copies)
     for slot in report.doubled:
         assert slot_task_id(*slot) in victim_sent, slot
+    # guarantees.md: each was sent after its lease, at most L + L/3 after its instant.
+    late, takeovers = check_takeovers(messages, rows, abandoned, report.taken_over, LEASE_US)
+    assert not late, "\n".join(late) + "\n" + rig.group.outputs()
     # The slot the victim died holding is among them: it arrived once the lease
     # ran out, published (again, if the victim had already) with its own id.
     held = [s for s in report.taken_over if s[0] == held_entry]
@@ -196,7 +205,9 @@ def run_replicas_then_kill(
         f"total {total}; killed {victim.name} after it {die_after} {held_entry}; "
         f"taken over {len(report.taken_over)}, "
         f"of which published twice (same id) {len(report.doubled)}; "
-        f"longest gap {max(gaps.values()):.2f}s"
+        f"longest gap {max(gaps.values()):.2f}s; takeovers in the broker "
+        f"{', '.join(f'{t.delay():.3f}' for t in takeovers)}s after their instants "
+        f"(bound {(LEASE_US + LEASE_US // 3) / US:g}s + {TAKEOVER_SLACK:g}s)"
     )
     print(summary)
     return summary

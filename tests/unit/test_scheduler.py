@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
 import socket
 import time
 import tracemalloc
@@ -579,6 +580,64 @@ def test_a_released_slot_is_taken_over_only_by_another_replica(
     warnings = [r for r in caplog.records if "took over slot job@" in r.getMessage()]
     assert bool(warnings) == took_over
     assert any("took back slot job@" in r.getMessage() for r in caplog.records) != took_over
+
+
+class StoppedWhileClaiming(MemoryStore):
+    """A store that sends this process SIGTERM ``times`` times right after a
+    claim is applied: a stop that lands inside a tick, before the publish."""
+
+    times = 0
+
+    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+        won = super().claim(owner, slots, lease_us)
+        for _ in range(self.times):
+            signal.raise_signal(signal.SIGTERM)
+        return won
+
+
+@pytest.fixture
+def beat_sigterm() -> Iterator[list[str]]:
+    """SIGTERM handled as ``celery beat`` handles it (its handler raises
+    SystemExit wherever the main thread is); yields the handler's calls."""
+    calls: list[str] = []
+
+    def _sync(signum: int, frame: object) -> None:
+        calls.append("stop")
+        raise SystemExit()
+
+    previous = signal.signal(signal.SIGTERM, _sync)
+    yield calls
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_sigterm_inside_a_tick_waits_until_its_claims_are_published_and_confirmed(
+    harness_for: Callable[..., Harness], beat_sigterm: list[str], times: int
+) -> None:
+    """Raised mid-tick, the SystemExit would leave the claim unpublished until a
+    takeover after the lease (or, after the publish, unconfirmed: a repeat).
+    One stop request waits for the tick; a second one stops at once."""
+    harness = harness_for({"job": every(1)})
+    store = harness.store = StoppedWhileClaiming(now_us=harness.clock)
+    t0 = harness.t0_us
+    replica = harness.replica()
+    replica.tick()
+    handler = signal.getsignal(signal.SIGTERM)
+    harness.clock.advance(SECOND)
+    store.times = times
+    with pytest.raises(SystemExit):
+        replica.tick()
+    assert beat_sigterm == ["stop"]
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back as it was
+    [row] = store.slot_rows()
+    assert row.slot_us == t0 + US
+    if times == 1:
+        [message] = harness.drain()
+        assert message.at_us == t0 + US
+        assert row.state == 1  # published and confirmed before the stop
+    else:
+        assert harness.drain() == []
+        assert row.state == 0  # asked twice: stopped inside the tick, as before
 
 
 class FlakyBroker(Producer):  # type: ignore[misc]
