@@ -235,6 +235,12 @@ def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Pat
         assert ours["early"]["early"] == 0, ours
         assert not [e for e in ours["exits"] if not e["by_run"]], ours
     assert rows["kill", "singlebeat"]["exits"], "the kill scenario killed no singlebeat replica"
+    # "delayed: none" for a replica killed or paused between ticks: the others'
+    # runs keep coming every second (a wait of 2 s would be one run late; 3 s
+    # leaves a loaded machine its scheduling jitter)
+    for scenario in ("kill", "pause"):
+        gap = rows[scenario, "singlebeat"]["longest_gap_s"]
+        assert gap <= 3.0, (scenario, gap)
 
 
 def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_path: Path) -> None:
