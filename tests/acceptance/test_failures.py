@@ -346,6 +346,9 @@ def test_database_outage(
     assert claimed_after, "nothing claimed after the outage"
     # The first claim after the outage: its replica planned the missed runs then.
     recovered_us = min(r.claimed_us for r in claimed_after)
+    # "sending resumes at most about 10 s after the database is back": the
+    # backoff is capped at 10 s, plus one loop (1 s) for the first due slot
+    assert recovered_us - restored_us <= 11 * US, (recovered_us - restored_us) / US
     candidates: dict[str, list[set[int]]] = {}
     for name, anchor in anchors.items():
         slots = interval_slots(anchor, periods[name], upto)
