@@ -206,6 +206,18 @@ def test_broker_outage_longer_than_the_grace_loses_nothing(
     # moment before the restore can also succeed, its publish retried into it.)
     catch_up = {key: rs for key, rs in sweeps.items() if key[1] >= restored_us}
     assert len(catch_up) >= 2 * len(beats), sorted(len(rs) for rs in catch_up.values())
+    # "the outage + <= L/3" (guarantees.md): the first sweep after the restore
+    # came within a sweep interval (+1 s: a tick's work on a loaded machine);
+    # with more than a batch piled up, each replica's sweeps take a batch each,
+    # so even one replica alone would have sent them all by ceil(n / batch)
+    # more sweeps
+    sweep_us = int(BROKER_LEASE / 3 * US)
+    first_sweep_us = min(at for _, at in catch_up)
+    assert first_sweep_us - restored_us <= sweep_us + US, (first_sweep_us - restored_us) / US
+    sweeps_needed = -(-len(during) // TAKEOVER_BATCH)
+    last_arrival = max(m.received for m in out.messages if cut_us < m.at_us <= restored_us)
+    bound_s = (sweeps_needed + 1) * sweep_us / US + 1.0
+    assert last_arrival - restored_wall <= bound_s, (last_arrival - restored_wall, bound_s)
     # Every sweep, during the outage too, announced at most the batch.
     for beat in beats:
         announced = [len(s) for s in _announced_sweeps(beat)]
