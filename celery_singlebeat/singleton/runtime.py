@@ -15,6 +15,7 @@ import time
 import weakref
 from typing import Any
 
+from ..clock import US
 from ..config import Settings, default_replica_id
 from ..store.base import Store
 
@@ -22,6 +23,9 @@ logger = logging.getLogger("celery_singlebeat.singleton")
 
 #: How often one worker process offers to prune old run and key rows.
 PRUNE_EVERY = 600.0
+#: The fleet-wide turn in the database: at most one prune per hour among every
+#: worker process sharing the database, whoever offers.
+PRUNE_TURN_US = 3600 * US
 
 
 class Runtime:

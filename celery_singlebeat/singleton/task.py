@@ -40,7 +40,7 @@ from .keys import (
     compute_key,
     parse_ttl,
 )
-from .runtime import Runtime, runtime_for
+from .runtime import PRUNE_TURN_US, Runtime, runtime_for
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 
@@ -307,11 +307,23 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _maybe_prune(self, runtime: Runtime, store: Store) -> None:
         if runtime.prune_due():
-            retention_us = runtime.settings.run_retention_us
-            heartbeat().defer(
-                "pruning old singleton rows",
-                lambda: store.prune_singletons(retention_us, int(3600 * US)),
-            )
+            retention = runtime.settings.run_retention
+            heartbeat().defer("pruning old singleton rows", lambda: _prune(store, retention))
+
+
+def _prune(store: Store, retention: timedelta) -> None:
+    """Offer to prune (the fleet-wide turn decides whether this process does).
+
+    Logged when rows went, as the scheduler logs its own prune: without a line,
+    an operator could not tell that the retention acts, or when a slot became
+    new again to a late repeat of it."""
+    deleted = store.prune_singletons(retention // timedelta(microseconds=1), PRUNE_TURN_US)
+    if deleted:
+        logger.info(
+            "singlebeat: pruned %d SingletonTask run and key rows older than %s",
+            deleted,
+            retention,
+        )
 
 
 def _check_settings_at_start(sender: Any = None, **_: Any) -> None:

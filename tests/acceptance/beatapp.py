@@ -11,8 +11,9 @@ database and broker:
   can leave it without any on-time slot: the case where policies differ
 * ``SB_CREATE_SCHEMA``: ``0`` turns singlebeat_create_schema off
 * ``SB_LEASE``: singlebeat_lease seconds; ``SB_POLICY``: missed-run policy;
-  ``SB_GRACE``: missed-run grace seconds; ``SB_LOOP``: beat_max_loop_interval;
-  ``SB_TAKEOVER_BATCH``: singlebeat_takeover_batch (default: the setting's own)
+  ``SB_GRACE``: missed-run grace seconds; ``SB_MISSED_MAX``: singlebeat_missed_max;
+  ``SB_LOOP``: beat_max_loop_interval; ``SB_TAKEOVER_BATCH``:
+  singlebeat_takeover_batch (default: the setting's own)
 * ``SB_STOP_ON``: ``claimed`` or ``published``: stop this process (SIGSTOP) at
   that point of the first slot it wins, so a test can resume (or kill) it later.
   With ``SB_STOP_ARM=usr2`` that is the first slot won after the process gets
@@ -89,6 +90,7 @@ app.conf.update(
     singlebeat_create_schema=os.environ.get("SB_CREATE_SCHEMA", "1") != "0",
     singlebeat_missed_policy=os.environ.get("SB_POLICY", "coalesce"),
     singlebeat_missed_grace=float(os.environ.get("SB_GRACE", "5")),
+    singlebeat_missed_max=int(os.environ.get("SB_MISSED_MAX", "100")),
     beat_max_loop_interval=float(os.environ.get("SB_LOOP", "1")),
     **(
         {"singlebeat_takeover_batch": int(os.environ["SB_TAKEOVER_BATCH"])}

@@ -14,6 +14,8 @@ variables (one module serves every database, broker and pool):
   fencing token and slot. Tests judge overlaps and counts from this file.
 * ``SB_VISIBILITY``: the Redis transport's ``visibility_timeout`` (seconds),
   with kombu's check for messages to deliver again every second
+* ``SB_RUN_RETENTION``: ``singlebeat_run_retention`` (seconds; the package's
+  default, 7 days, when unset)
 
 The ``singletonapp.*`` SingletonTasks hold the key a call passes as the ``key``
 keyword argument, or their task name when it passes none; so tasks of
@@ -67,6 +69,8 @@ if os.environ.get("SB_BACKEND"):
     app.conf.result_expires = 600
 if os.environ.get("SB_LEASE_SETTING") is not None:
     app.conf.singlebeat_lease = float(os.environ["SB_LEASE_SETTING"])
+if os.environ.get("SB_RUN_RETENTION"):
+    app.conf.singlebeat_run_retention = float(os.environ["SB_RUN_RETENTION"])
 if os.environ.get("SB_VISIBILITY"):
     # Redis broker: a message a worker had taken but not acknowledged when its
     # connection dropped (a broker restart) waits in the broker's unacked set

@@ -1,5 +1,6 @@
 """Real ``celery beat`` replicas under failure: a replica frozen (SIGSTOP) while it
-holds a claim, and the database cut off mid-run by a TCP proxy.
+holds a claim, the database cut off mid-run by a TCP proxy, and the whole fleet
+stopped and started again after longer than the missed-run grace.
 
 As in test_coordination, the broker is the judge (every message is read off the
 queue) and the expected slots are computed from the database's rows.
@@ -32,6 +33,7 @@ from harness import (
 )
 from sqlalchemy.engine import make_url
 
+from celery_singlebeat.clock import us_to_datetime
 from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.slots import slot_task_id
 
@@ -163,9 +165,7 @@ def test_replica_frozen_holding_a_claim(
     # due less than that before it resumed may still be its own to send.
     frozen_sent = set(frozen.sent_task_ids())
     during = {
-        slot_task_id(e, at)
-        for e, at in wanted
-        if stopped_at < at <= resumed_at - FALLBACK_DELAY_US
+        slot_task_id(e, at) for e, at in wanted if stopped_at < at <= resumed_at - FALLBACK_DELAY_US
     }
     assert during and not during & frozen_sent
     if stop_on == "claimed":
@@ -264,6 +264,29 @@ SLOW_US, SLOW_GRACE_US = 5 * US, US // 2
 EDGE_US = 300_000
 
 
+def _missed_run_plan(
+    pending: list[int], planned_us: int, grace_us: int, policy: str, max_missed: int = 100
+) -> tuple[set[int], list[int]]:
+    """What a replica planning at ``planned_us`` does with an entry's ``pending``
+    slots (ascending, not yet sent): the set it lets through, and the missed
+    slots it drops (ascending). A slot is missed when it is more than ``grace``
+    late, on time while it is due and at most that late, and not yet due after
+    ``planned_us`` (sent in the normal course, so let through). Of the missed:
+    coalesce sends the latest unless an on-time slot is due too, skip none, all
+    the ``max_missed`` latest (``celery_singlebeat.slots.plan_due``, written
+    out again here so that the test does not judge the code by itself)."""
+    missed = [s for s in pending if planned_us - s > grace_us]
+    on_time = [s for s in pending if 0 <= planned_us - s <= grace_us]
+    if policy == "all":
+        through = missed[-max_missed:]
+    elif policy == "coalesce" and missed and not on_time:
+        through = missed[-1:]
+    else:
+        through = []
+    dropped = [s for s in missed if s not in through]
+    return set(pending) - set(dropped), dropped
+
+
 def _after_outage(
     slots: list[int], last_before: int, recovered_us: int, grace_us: int, policy: str
 ) -> set[int]:
@@ -271,14 +294,9 @@ def _after_outage(
     plans at ``recovered_us``: what fell due before the cut was sent, then slots
     on time (at most ``grace`` late), plus for coalesce the latest missed slot
     when no on-time slot was due."""
-    keep = {s for s in slots if s <= last_before}
     pending = [s for s in slots if s > last_before]
-    missed = [s for s in pending if recovered_us - s > grace_us]
-    keep |= {s for s in pending if recovered_us - s <= grace_us}
-    due_on_time = [s for s in pending if 0 <= recovered_us - s <= grace_us]
-    if policy == "coalesce" and missed and not due_on_time:
-        keep.add(missed[-1])
-    return keep
+    through, _dropped = _missed_run_plan(pending, recovered_us, grace_us, policy)
+    return {s for s in slots if s <= last_before} | through
 
 
 @pytest.mark.slow
@@ -426,4 +444,195 @@ def test_database_outage(
     print(
         f"{policy}: recovered {(recovered_us - restored_us) / US:.1f}s after the restore; "
         f"slow-0 on time {len(slow_on_time)}, latest missed sent {len(slow_missed_sent)}"
+    )
+
+
+# -- the whole fleet down ------------------------------------------------------------
+
+#: how long no replica runs: clearly longer than the grace (5 s), so the first
+#: replica back finds slots missed
+FLEET_DOWN_US = 10 * US
+#: singlebeat_missed_max for the ``all`` policy: fewer than the slots missed,
+#: so that "at most this many of the most recent" shows
+FLEET_MISSED_MAX = 3
+#: a replica plans with its estimate of the database's clock, then claims: the
+#: claim's ``claimed_us`` comes after the plan by the tick's work before the
+#: statement (up to EDGE_US on a busy machine), and the estimate is ahead of the
+#: database's clock by at most half a round trip (FLEET_EDGE_AHEAD_US is ample)
+FLEET_EDGE_AHEAD_US = 50_000
+#: a stop leaves a slot due up to this long before it unclaimed at most (a tick
+#: at most every second, plus work sharing's fallback delay)
+STOP_SLACK_US = 2 * US
+MISSED_LINE = re.compile(
+    r"WARNING/\S+\] singlebeat: (?P<entry>\S+): (?P<n>\d+) missed slot\(s\) "
+    r"(?P<first>\S+)\.\.(?P<last>\S+) not sent \(missed-run policy (?P<policy>\w+), "
+    r"grace (?P<grace>[\d.]+)s\)"
+)
+
+
+def _iso_ms(slot_us: int) -> str:
+    """A slot instant as the scheduler's log lines write it (UTC, milliseconds)."""
+    return us_to_datetime(slot_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize("policy", ["coalesce", "skip", "all"])
+def test_whole_fleet_down_then_back(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str, policy: str
+) -> None:
+    """Two replicas run, both stop gracefully (SIGTERM), none runs for more than
+    the grace, two new ones start. Every slot claimed before the stop is sent
+    once, the fleet claims nothing while it is down, and of the slots that fell
+    due meanwhile exactly what the missed-run policy says is sent, once: judged
+    against the planning instant of the first replica back (its first claim),
+    which also logs one WARNING per entry with the slots it dropped.
+
+    Three 1 s entries (grace 5 s) always have on-time slots when the fleet comes
+    back: coalesce sends none of their missed slots, as skip, and all sends the
+    latest FLEET_MISSED_MAX. ``slow-0`` (every 5 s, grace 0.5 s), started just
+    after one of its slots, usually has none: coalesce sends its latest missed."""
+    broker = f"{redis_url}/6"
+    extra = {"SB_MISSED_MAX": str(FLEET_MISSED_MAX)} if policy == "all" else {}
+    reader, db, env = rig.fleet(
+        broker,
+        pg_url,
+        table_prefix,
+        SB_ENTRIES="3",
+        SB_SLOW=f"{SLOW_US / US:g}:{SLOW_GRACE_US / US:g}",
+        SB_POLICY=policy,
+        SB_GRACE=str(GRACE_US / US),
+        **extra,
+    )
+    max_missed = FLEET_MISSED_MAX if policy == "all" else 100
+    first_fleet = [rig.start_beat(env, f"beat-{i}") for i in range(2)]
+    _connected(first_fleet)
+    anchors = db.anchors()
+    periods = {name: SLOW_US if name == "slow-0" else PERIOD_US for name in anchors}
+    graces = {name: SLOW_GRACE_US if name == "slow-0" else GRACE_US for name in anchors}
+    # running long enough for two slots of every entry, slow-0's included
+    _wait_db_time(db, max(a + 2 * periods[n] for n, a in anchors.items()) + US // 2, first_fleet)
+
+    stop_us = db.now_us()
+    rig.group.stop_all()
+    down_us, down_at = db.now_us(), time.time()
+    assert [b.proc.returncode for b in first_fleet] == [0, 0], rig.group.outputs()
+    # Back clearly later than the grace, and just after a slot of slow-0, so
+    # that its first planning after the start-up (a second or more) usually
+    # finds its latest slot missed and no on-time one.
+    slow_slots = interval_slots(anchors["slow-0"], SLOW_US, down_us + FLEET_DOWN_US + SLOW_US)
+    _wait_db_time(db, slow_slots[-1] + SLOW_GRACE_US // 5, [])
+    back_us, back_at = db.now_us(), time.time()
+    second_fleet = [rig.start_beat(env, f"beat-{i}") for i in range(2, 4)]
+    _connected(second_fleet)
+
+    claimed_after = wait_for(
+        lambda: [r for r in db.rows().values() if r.claimed_us >= back_us],
+        30,
+        "a claim after the fleet came back",
+    )
+    first_claim = min(claimed_after, key=lambda r: r.claimed_us)
+    recovered_us = first_claim.claimed_us
+    _wait_db_time(db, recovered_us + 3 * US, second_fleet)
+    upto = db.now_us()
+    rows = db.rows()
+
+    # The stop: every claim made before it was sent (a stop waits for its
+    # tick), nothing due until a moment before it was left, and no claim while
+    # no replica ran.
+    before = [r for r in rows.values() if r.claimed_us < back_us]
+    assert all(r.state == 1 and r.fence == 1 for r in before), before
+    assert all(r.claimed_us <= down_us for r in before), (down_us, before)
+    last_before = {name: max(r.slot_us for r in before if r.entry == name) for name in anchors}
+    for name, anchor in anchors.items():
+        due_before = interval_slots(anchor, periods[name], stop_us - STOP_SLACK_US)
+        assert due_before and last_before[name] >= due_before[-1], (name, last_before, stop_us)
+
+    # What the first replica back may have planned: one instant for every entry
+    # (it proposes them all in its first tick), a little before its first claim.
+    offsets = range(-EDGE_US, FLEET_EDGE_AHEAD_US + 1, 10_000)
+    plans: dict[str, dict[int, tuple[set[int], list[int]]]] = {}
+    gaps: dict[str, list[int]] = {}
+    for name, anchor in anchors.items():
+        slots = interval_slots(anchor, periods[name], upto)
+        gaps[name] = pending = [s for s in slots if s > last_before[name]]
+        plans[name] = {
+            o: _missed_run_plan(pending, recovered_us + o, graces[name], policy, max_missed)
+            for o in offsets
+        }
+        must = set.intersection(*(through for through, _ in plans[name].values()))
+        must |= {s for s in slots if s <= last_before[name]}
+        wait_for(
+            lambda must=must, name=name: (
+                must <= {m.at_us for m in reader.messages() if m.entry == name}
+            ),
+            30,
+            f"every slot of {name} the policy lets through",
+            interval=0.2,
+        )
+    assert all(b.alive() for b in second_fleet), rig.group.outputs()
+    rig.group.stop_all()
+    messages = reader.finish()
+    rows = db.rows()
+    beats = [*first_fleet, *second_fleet]
+
+    quiet = [m for m in messages if down_at + 0.5 < m.received < back_at]
+    assert not quiet, f"sent while no replica ran: {quiet}"
+    sent: dict[str, set[int]] = {name: set() for name in anchors}
+    for m in messages:
+        if m.at_us <= upto:
+            sent[m.entry].add(m.at_us)
+    first_id = first_claim.owner
+    first_back = next(b for b in second_fleet if b.replica_id() == first_id)
+    warned: dict[str, list[tuple[int, str, str]]] = {name: [] for name in anchors}
+    for line in MISSED_LINE.finditer(first_back.log()):
+        assert line["policy"] == policy, line[0]
+        warned[line["entry"]].append((int(line["n"]), line["first"], line["last"]))
+
+    after_stop = {n: sorted(a for a in s if a > last_before[n]) for n, s in sent.items()}
+    detail = (
+        f"{policy}: first claim {recovered_us} by {first_id}; sent after the stop {after_stop}; "
+        f"warned {warned}; last before {last_before}\n{first_back.log()[-4000:]}"
+    )
+    # One planning instant explains, for every entry, both what the fleet sent
+    # and what the first replica back said it dropped.
+    fits: dict[str, set[int]] = {}
+    for name, by_offset in plans.items():
+        fits[name] = set()
+        wanted = set(after_stop[name])
+        for offset, (through, dropped) in by_offset.items():
+            said = [(len(dropped), _iso_ms(dropped[0]), _iso_ms(dropped[-1]))] if dropped else []
+            if wanted == through and warned[name] == said:
+                fits[name].add(offset)
+    assert all(fits.values()), f"no planning instant fits {fits}: {detail}"
+    common = set.intersection(*fits.values())
+    assert common, f"no single planning instant fits every entry {fits}: {detail}"
+
+    expected = {name: sorted(s) for name, s in sent.items()}
+    for name, anchor in anchors.items():
+        grid = interval_slots(anchor, periods[name], upto)
+        assert set(expected[name]) <= set(grid), (name, expected[name])
+        assert {s for s in grid if s <= last_before[name]} <= sent[name], name
+    report = check_slots(messages, expected, upto, rows, publish_counts(beats))
+    assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
+    assert not report.doubled and not report.taken_over, report
+
+    # The fleet's absence really cost the 1 s entries slots, and the policy's
+    # limit showed: all sent exactly its maximum of the missed ones, the others none.
+    offset = min(common, key=abs)
+    planned_us = recovered_us + offset
+    for name in anchors:
+        missed = [s for s in gaps[name] if planned_us - s > graces[name]]
+        if name != "slow-0":
+            assert len(missed) > FLEET_MISSED_MAX, (name, missed)
+            sent_missed = [s for s in missed if s in sent[name]]
+            assert len(sent_missed) == (FLEET_MISSED_MAX if policy == "all" else 0), missed
+    slow_missed = [s for s in gaps["slow-0"] if planned_us - s > SLOW_GRACE_US]
+    slow_on_time = [s for s in gaps["slow-0"] if 0 <= planned_us - s <= SLOW_GRACE_US]
+    print(
+        f"{policy}: down {(back_us - down_us) / US:.1f}s; first claim "
+        f"{(recovered_us - back_us) / US:.1f}s after the start, planned {offset / 1000:+.0f} ms "
+        f"from it; slow-0: {len(slow_missed)} missed, {len(slow_on_time)} on time, "
+        f"{len([s for s in slow_missed if s in sent['slow-0']])} of the missed sent"
     )

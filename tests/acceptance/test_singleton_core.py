@@ -7,17 +7,22 @@ or dropped, and the database's lease and run rows are read directly.
 * a SIGKILLed holder blocks the key until its TTL runs out, not longer;
 * a run longer than its TTL keeps its lease (heartbeat);
 * a slot delivered twice runs once (same worker, or two workers racing);
-* three ``celery beat`` replicas and a worker: each slot executed once.
+* three ``celery beat`` replicas and a worker: each slot executed once;
+* run and key rows older than ``singlebeat_run_retention`` pruned by a worker,
+  newer ones kept, and a repeat of a slot dropped only while its row is kept.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from harness import (
     DONE_LINE,
     DROPPED_LINE,
@@ -25,6 +30,7 @@ from harness import (
     SKIPPED_LINE,
     US,
     BeatProcess,
+    Db,
     Execution,
     Rig,
     Sender,
@@ -42,6 +48,7 @@ from harness import (
     wait_ready,
 )
 
+from celery_singlebeat.singleton.runtime import PRUNE_TURN_US
 from celery_singlebeat.slots import slot_header, slot_task_id
 
 HOLD = "singletonapp.hold"
@@ -522,3 +529,152 @@ def test_beat_replicas_and_worker_execute_each_slot_once(
         f"{len(sent)} slots sent by {dict(senders)}, each executed once; "
         f"{len(dropped)} repeated deliveries dropped"
     )
+
+
+# -- 6. the run retention ----------------------------------------------------------
+
+#: singlebeat_run_retention of this test: the setting's minimum
+RETENTION_US = 3600 * US
+#: a prune line of the worker's log
+PRUNED_LINE = re.compile(
+    r"INFO/\S+\] singlebeat: pruned (?P<n>\d+) SingletonTask run and key rows older than "
+    r"(?P<retention>\S+)"
+)
+
+
+def _age(db: Db, by_us: int, *, runs: list[tuple[str, int]], locks: list[str]) -> None:
+    """Move every instant of these run and lock rows ``by_us`` into the past, as if
+    everything they record had happened that much earlier on the database's clock
+    (what a test cannot wait hours for). A released lock (``expires_us`` 0) stays
+    released."""
+    r, lk = db.tables.runs, db.tables.locks
+    with db.engine.begin() as conn:
+        for entry, slot_us in runs:
+            done = conn.execute(
+                r.update()
+                .where((r.c.entry == entry) & (r.c.slot_us == slot_us))
+                .values(
+                    started_us=r.c.started_us - by_us,
+                    expires_us=r.c.expires_us - by_us,
+                    finished_us=r.c.finished_us - by_us,
+                    last_repeat_us=r.c.last_repeat_us - by_us,
+                )
+            )
+            assert done.rowcount == 1, (entry, slot_us)
+        for name in locks:
+            done = conn.execute(
+                lk.update()
+                .where(lk.c.name == name)
+                .values(
+                    token=lk.c.token - by_us,
+                    acquired_us=lk.c.acquired_us - by_us,
+                    expires_us=sa.case((lk.c.expires_us > 0, lk.c.expires_us - by_us), else_=0),
+                )
+            )
+            assert done.rowcount == 1, name
+
+
+def _prune_turn(db: Db) -> int:
+    """When the fleet's next turn to prune SingletonTask rows comes (database clock)."""
+    meta = db.tables.meta
+    with db.engine.connect() as conn:
+        query = sa.select(meta.c.value_us).where(meta.c.key == "prune_singletons")
+        return int(conn.execute(query).scalar_one())
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_worker_prunes_rows_past_the_run_retention_and_a_late_repeat_then_runs(
+    rig: Rig, sender: Sender, pg_url: str, table_prefix: str, tmp_path: Path
+) -> None:
+    """A first worker executes four slots and two plain sends, and is SIGKILLed
+    in the middle of a fifth slot (its run row left running, its key held).
+    The rows are then aged on the database's clock, the retention being an hour:
+    one slot, one idle key and the killed run with its key by two hours, the
+    others by half an hour; the fleet's pruning turn (which the first worker
+    took, an hour ahead) by two hours too. A new worker process offers a prune
+    at its first execution: exactly the four rows past the retention go, it
+    logs that, and the next turn is an hour away. A repeat of a slot whose row
+    was kept is dropped; one of a pruned slot runs again."""
+    record = tmp_path / "record.jsonl"
+    queue = sender.queue()
+    db = rig.db(pg_url, table_prefix)
+    env = _env(
+        sender,
+        pg_url,
+        table_prefix,
+        record,
+        queue,
+        SB_TTL="3",
+        SB_RUN_RETENTION=str(RETENTION_US // US),
+    )
+    (first,) = _start_workers(rig, {"first": env}, concurrency=1)
+    base = db.now_us() // US * US
+    old, recent, fresh = ("probe-1", base), ("probe-2", base), ("probe-3", base)
+    for slot in (old, recent):
+        _wait_done([first], _send_slot(sender, queue, *slot, PROBE, 1))
+    for key in ("idle-old", "idle-recent"):
+        _wait_done([first], sender.send(queue, HOLD, 0.05, key, kwargs={"key": key}))
+    dead = ("killed", base)
+    sender.send(
+        queue,
+        HOLD,
+        60,
+        "killed",
+        kwargs={"key": "dead-holder"},
+        task_id=slot_task_id(*dead),
+        headers={"singlebeat_slot": slot_header(*dead)},
+    )
+    wait_for(lambda: [e for e in _executions(record) if e.slot == dead], 20, "the long run")
+    kill_group(first)
+    assert not PRUNED_LINE.search(first.log()), "nothing was old: nothing to prune"
+    rows = run_rows(db)
+    assert set(rows) == {old, recent, dead} and rows[dead].state == 0, rows
+    # the first execution of that worker process took the fleet's turn, for an hour
+    assert _prune_turn(db) > db.now_us() + RETENTION_US - 60 * US
+
+    two_hours, half_hour = 2 * RETENTION_US, RETENTION_US // 2
+    _age(db, two_hours, runs=[old, dead], locks=["idle-old", "dead-holder"])
+    _age(db, half_hour, runs=[recent], locks=["idle-recent"])
+    meta = db.tables.meta
+    with db.engine.begin() as conn:
+        conn.execute(
+            meta.update()
+            .where(meta.c.key == "prune_singletons")
+            .values(value_us=meta.c.value_us - two_hours)
+        )
+
+    (second,) = _start_workers(rig, {"second": env}, concurrency=1)
+    _wait_done([second], _send_slot(sender, queue, *fresh, PROBE, 3))
+    pruned = wait_for(
+        lambda: PRUNED_LINE.findall(second.log()) or _dead([second]),
+        20,
+        "the new worker's prune",
+    )
+    assert not _dead([second]), _logs([second])
+    retention = str(timedelta(microseconds=RETENTION_US))
+    # the slot and the killed run (2 run rows), the idle key and the dead holder's (2)
+    assert pruned == [("4", retention)], _logs([second])
+    rows = run_rows(db)
+    assert set(rows) == {recent, fresh}, rows
+    for key, kept in (("idle-old", False), ("dead-holder", False), ("idle-recent", True)):
+        assert (lease_row(db, key) is not None) is kept, key
+    assert lease_row(db, PROBE) is not None
+    now_us = db.now_us()
+    assert now_us + PRUNE_TURN_US - 60 * US < _prune_turn(db) <= now_us + PRUNE_TURN_US
+
+    # A repeat of the slot kept (finished half an hour "ago") is dropped; the
+    # pruned slot, delivered again, is new to the workers and runs again.
+    recent_id = _send_slot(sender, queue, *recent, PROBE, 2)
+    old_id = _send_slot(sender, queue, *old, PROBE, 1)
+    _wait_done([second], recent_id)
+    _wait_done([second], old_id)
+    dropped = [(m["id"], m["status"]) for m in DROPPED_LINE.finditer(second.log())]
+    assert dropped == [(recent_id, "finished")], _logs([second])
+    runs_of = Counter(e.slot for e in _executions(record, PROBE))
+    assert runs_of == {old: 2, recent: 1, fresh: 1}, runs_of
+    rows = run_rows(db)
+    assert rows[old].state == 1 and rows[old].attempts == 1 and rows[old].repeats == 0, rows
+    assert rows[recent].repeats == 1, rows
+    assert len(PRUNED_LINE.findall(second.log())) == 1, _logs([second])

@@ -29,7 +29,7 @@ from test_store_contract import (  # noqa: F401
 
 from celery_singlebeat.clock import US
 from celery_singlebeat.exceptions import SchemaError
-from celery_singlebeat.store.base import Busy, Lease, Run, RunBegin, RunStatus, Store
+from celery_singlebeat.store.base import Busy, Lease, Run, RunBegin, RunStatus, SlotKey, Store
 from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
 
 #: statements each operation costs: one decision, one round trip, except where
@@ -87,6 +87,21 @@ def run_rows(backend: Backend) -> dict[tuple[str, int], dict[str, Any]]:  # noqa
     finally:
         engine.dispose()
     return {(r["entry"], int(r["slot_us"])): dict(r) for r in rows}
+
+
+def lock_rows(backend: Backend) -> dict[str, dict[str, Any]]:  # noqa: F811
+    """Every lock row of the backend's database, by key name (not via a store)."""
+    if backend.memory is not None:
+        return {name: dict(vars(lock)) for name, lock in backend.memory._locks.items()}
+    assert backend.url is not None
+    locks = Tables(backend.prefix).locks
+    engine = direct_engine(backend.url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(locks.select()).mappings().all()
+    finally:
+        engine.dispose()
+    return {r["name"]: dict(r) for r in rows}
 
 
 def stores(backend: Backend, n: int) -> list[Store]:  # noqa: F811
@@ -317,6 +332,166 @@ def test_prune_deletes_finished_runs_and_spares_live_ones(backend: Backend) -> N
     assert store.begin_run(Run("e", 20, "dup"), "w2", "t2", LONG_LEASE).status is (
         RunStatus.RUNNING
     )
+
+
+#: the retention the prune tests ask for: ``singlebeat_run_retention``'s minimum
+HOUR = 3600 * US
+#: how far from the retention's edge a row is aged: the database's clock moves on
+#: between the test's ping and the prune's own reading of it, by far less than this
+MARGIN = 60 * US
+
+
+def age_rows(backend: Backend, kind: str, key: object, **values: int) -> None:  # noqa: F811
+    """Write instants of one run row (``kind`` "runs", ``key`` its (entry, slot_us))
+    or lock row ("locks", its name) directly, as if they had been written that
+    long ago on the database's clock: what a prune test cannot wait an hour for."""
+    if backend.memory is not None:
+        if kind == "runs":
+            row: object = backend.memory._runs[SlotKey(*key)]  # type: ignore[misc]
+        else:
+            row = backend.memory._locks[key]  # type: ignore[index]
+        for column, value in values.items():
+            setattr(row, column, value)
+        return
+    assert backend.url is not None
+    tables = Tables(backend.prefix)
+    if kind == "runs":
+        table = tables.runs
+        entry, slot_us = key  # type: ignore[misc]
+        where = (table.c.entry == entry) & (table.c.slot_us == slot_us)
+    else:
+        table = tables.locks
+        where = table.c.name == key
+    engine = direct_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            assert conn.execute(table.update().where(where).values(**values)).rowcount == 1
+    finally:
+        engine.dispose()
+
+
+def test_prune_deletes_run_rows_past_the_retention_on_the_database_clock_and_keeps_the_rest(
+    backend: Backend,  # noqa: F811
+) -> None:
+    """Finished more than the retention ago, or started that long ago and no
+    longer running (expired): deleted. Finished within it (however long ago it
+    started), started within it and expired, or still live however old:
+    kept. A repeat of a kept slot is dropped; a pruned slot starts again."""
+    store = backend.ready()
+    runs = {slot: Run("e", slot, f"run-{slot}") for slot in (10, 20, 30, 40, 50, 60, 70)}
+    for run in runs.values():
+        assert store.begin_run(run, "w1", f"t{run.slot_us}", LONG_LEASE).status is (
+            RunStatus.STARTED
+        )
+    for slot in (10, 20, 30, 70):
+        assert store.finish_run(runs[slot], "success")
+    now = store.ping()
+    ages = {
+        # finished two hours ago: gone
+        10: {"started_us": now - 2 * HOUR - US, "finished_us": now - 2 * HOUR},
+        # started three hours ago, finished half an hour ago: the finish counts
+        20: {"started_us": now - 3 * HOUR, "finished_us": now - HOUR // 2},
+        # finished just within the retention: kept; just past it (70): gone
+        30: {"started_us": now - HOUR, "finished_us": now - HOUR + MARGIN},
+        70: {"started_us": now - HOUR - 2 * MARGIN, "finished_us": now - HOUR - MARGIN},
+        # started two hours ago, its worker gone (expired long since): gone
+        40: {"started_us": now - 2 * HOUR, "expires_us": now - 2 * HOUR + LONG_LEASE},
+        # started half an hour ago and expired: kept (not yet past the retention)
+        50: {"started_us": now - HOUR // 2, "expires_us": now - HOUR // 2 + LONG_LEASE},
+        # started two hours ago and still renewed by its heartbeat: kept
+        60: {"started_us": now - 2 * HOUR, "expires_us": now + LONG_LEASE},
+    }
+    for slot, values in ages.items():
+        age_rows(backend, "runs", ("e", slot), **values)
+
+    # Before the prune, age alone forgets nothing: a repeat of the oldest is dropped.
+    assert store.begin_run(Run("e", 10, "early"), "w2", "t10", LONG_LEASE) == RunBegin(
+        RunStatus.FINISHED, "w1", "success"
+    )
+    assert store.prune_singletons(HOUR, 60 * US) == 3
+    assert set(run_rows(backend)) == {("e", 20), ("e", 30), ("e", 50), ("e", 60)}
+
+    def deliver(slot: int) -> RunStatus:
+        return store.begin_run(Run("e", slot, f"again-{slot}"), "w2", f"t{slot}", LONG_LEASE).status
+
+    # repeats of the kept slots: dropped (finished) or running; the expired one is retaken
+    assert [deliver(s) for s in (20, 30, 60)] == [RunStatus.FINISHED] * 2 + [RunStatus.RUNNING]
+    assert deliver(50) is RunStatus.STARTED
+    # the pruned slots are new again: a repeat this late runs
+    assert [deliver(s) for s in (10, 40, 70)] == [RunStatus.STARTED] * 3
+    rows = run_rows(backend)
+    assert (rows[("e", 10)]["attempts"], rows[("e", 10)]["repeats"]) == (1, 0)
+    assert rows[("e", 20)]["repeats"] == 1 and rows[("e", 20)]["outcome"] == "success"
+
+
+def test_prune_deletes_lock_rows_idle_past_the_retention_and_tokens_keep_growing(
+    backend: Backend,  # noqa: F811
+) -> None:
+    """A lock row goes when it is free (released or expired), was acquired more
+    than the retention ago and its token is that far behind the clock too; a
+    held row (renewed for hours), a recent one, or one whose token is ahead of
+    its acquisition stays."""
+    store = backend.ready()
+    leases: dict[str, Lease] = {}
+    for key in ("released-old", "expired-old", "released-recent", "held-old", "token-ahead"):
+        lease = store.acquire_lease(key, "w1", LONG_LEASE)
+        assert isinstance(lease, Lease)
+        leases[key] = lease
+    for key in ("released-old", "released-recent", "token-ahead"):
+        assert store.release_lease(leases[key])
+    now = store.ping()
+    old = now - 2 * HOUR
+    age_rows(backend, "locks", "released-old", acquired_us=old, token=old)
+    age_rows(backend, "locks", "expired-old", acquired_us=old, token=old, expires_us=old + US)
+    half = now - HOUR // 2
+    age_rows(backend, "locks", "released-recent", acquired_us=half, token=half)
+    age_rows(backend, "locks", "held-old", acquired_us=old, token=old)  # expiry still ahead
+    # hand-overs within one microsecond each add one, and a database clock may
+    # step back: a token can run ahead of acquired_us, even of the clock
+    ahead = now + MARGIN
+    age_rows(backend, "locks", "token-ahead", acquired_us=old, token=ahead)
+
+    assert store.prune_singletons(HOUR, 60 * US) == 2
+    assert set(lock_rows(backend)) == {"released-recent", "held-old", "token-ahead"}
+    other = backend.open()
+    for key in ("released-old", "expired-old"):
+        fresh = other.acquire_lease(key, "w2", LONG_LEASE)
+        assert isinstance(fresh, Lease) and fresh.token > old, (key, fresh)
+    assert store.lease_holds("held-old", old)
+    assert other.acquire_lease("held-old", "w2", LONG_LEASE) == Busy(
+        "w1", leases["held-old"].expires_us
+    )
+    for key, token in (("released-recent", half), ("token-ahead", ahead)):
+        # the row stayed: its token is where the test put it, and the next one exceeds it
+        nxt = other.acquire_lease(key, "w2", LONG_LEASE)
+        assert isinstance(nxt, Lease) and nxt.token > token, (key, nxt)
+
+
+def test_the_prune_turn_comes_round_once_per_period_for_the_whole_fleet(
+    backend: Backend,  # noqa: F811
+) -> None:
+    """One caller per ``every_us`` among all stores; once it has passed on the
+    database's clock, the next caller prunes what aged meanwhile. The
+    scheduler's prune has a turn of its own, which does not use this one up."""
+    store = backend.ready()
+    (other,) = stores(backend, 1)
+    # long enough that the calls below all come before it has passed, on a busy machine
+    period = 3 * US
+    assert store.prune(HOUR, LONG_LEASE) == 0  # the scheduler's turn
+    assert store.prune_singletons(HOUR, period) == 0
+    turn_taken = store.ping()
+    assert other.prune_singletons(HOUR, period) is None
+    assert store.prune_singletons(HOUR, period) is None
+
+    run = Run("e", 10, "run-1")
+    assert store.begin_run(run, "w1", "t", LONG_LEASE).status is RunStatus.STARTED
+    assert store.finish_run(run, "success")
+    now = store.ping()
+    age_rows(backend, "runs", ("e", 10), started_us=now - 2 * HOUR, finished_us=now - 2 * HOUR)
+    wait_db_past(store, turn_taken + period, timeout=10)
+    assert other.prune_singletons(HOUR, LONG_LEASE) == 1
+    assert run_rows(backend) == {}
+    assert store.prune_singletons(HOUR, LONG_LEASE) is None
 
 
 # -- runs ---------------------------------------------------------------------------

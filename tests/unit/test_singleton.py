@@ -31,12 +31,20 @@ from celery_singlebeat import (
     StoreUnavailable,
     signals,
 )
+from celery_singlebeat.clock import US
+from celery_singlebeat.singleton.heartbeat import heartbeat
 from celery_singlebeat.singleton.keys import MAX_KEY_LENGTH, compute_key
-from celery_singlebeat.singleton.runtime import _runtimes, forget, runtime_for, set_store
+from celery_singlebeat.singleton.runtime import (
+    PRUNE_TURN_US,
+    _runtimes,
+    forget,
+    runtime_for,
+    set_store,
+)
 from celery_singlebeat.singleton.task import _check_settings_at_start
 from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
 from celery_singlebeat.store.base import Busy, Lease, Run, RunStatus, SlotKey
-from celery_singlebeat.testing import MemoryStore
+from celery_singlebeat.testing import FakeClock, MemoryStore
 
 SLOT_US = 1_700_000_000_000_000
 
@@ -411,6 +419,58 @@ def test_self_retry_releases_the_key_and_lets_the_retry_run_the_slot(
     assert tokens[1] > tokens[0]
     row = store.run_rows()[SlotKey("every-minute", SLOT_US)]
     assert (row["state"], row["outcome"], row["attempts"]) == (1, "success", 2)
+
+
+def test_a_worker_process_offers_a_prune_once_per_period_and_logs_what_went(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each process offers at its first execution, then once per PRUNE_EVERY
+    (monotonic); the fleet's turn in the database (PRUNE_TURN_US, on the
+    store's clock) decides; rows finished more than singlebeat_run_retention
+    ago go, and a process that deleted rows says so at INFO."""
+    clock = FakeClock()
+    store = MemoryStore(now_us=clock)
+    store.prepare(create=True)
+    app.conf.singlebeat_run_retention = 3600
+    set_store(app, store)
+    answers: list[int | None] = []
+    prune = store.prune_singletons
+
+    def counted(retention_us: int, every_us: int) -> int | None:
+        assert (retention_us, every_us) == (3600 * US, PRUNE_TURN_US)
+        answers.append(prune(retention_us, every_us))
+        return answers[-1]
+
+    store.prune_singletons = counted  # type: ignore[method-assign]
+    caplog.set_level("INFO", "celery_singlebeat.singleton")
+    hold = make_hold(app)
+    hour = timedelta(hours=1)
+
+    def execute(slot_us: int) -> str:
+        state = str(slot_apply(hold, slot_us=slot_us).state)
+        # a prune offered at the end runs on the heartbeat thread: let it finish
+        wait_until(lambda: not heartbeat()._pending)
+        return state
+
+    assert execute(SLOT_US) == "SUCCESS"
+    assert answers == [0]  # the first execution of the process offers; nothing is old yet
+    clock.advance(2 * hour)
+    assert execute(SLOT_US + 1) == "SUCCESS"
+    assert answers == [0]  # within PRUNE_EVERY of the last offer: none
+    runtime_for(app)._next_prune = 0.0  # PRUNE_EVERY has passed on the monotonic clock
+    assert execute(SLOT_US + 2) == "SUCCESS"
+    assert answers == [0, 1]  # the fleet's turn came round after an hour: SLOT_US went
+    assert set(store.run_rows()) == {SlotKey("every-minute", SLOT_US + s) for s in (1, 2)}
+    pruned = [r.getMessage() for r in caplog.records if "pruned" in r.getMessage()]
+    assert pruned == ["singlebeat: pruned 1 SingletonTask run and key rows older than 1:00:00"]
+    # the pruned slot runs again when it is delivered again; a kept one does not
+    assert slot_apply(hold, slot_us=SLOT_US).state == "SUCCESS"
+    assert slot_apply(hold, slot_us=SLOT_US + 1).state == "IGNORED"
+    clock.advance(hour / 2)
+    runtime_for(app)._next_prune = 0.0
+    assert execute(SLOT_US + 3) == "SUCCESS"
+    assert answers == [0, 1, None]  # offered, but not the fleet's turn: nothing logged
+    assert len([r for r in caplog.records if "pruned" in r.getMessage()]) == 1
 
 
 # -- heartbeat and lost leases ---------------------------------------------------
