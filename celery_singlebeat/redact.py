@@ -140,6 +140,7 @@ class Secrets:
         current: BaseException | None = exc
         while current is not None and id(current) not in seen:
             seen.add(id(current))
+            texts: tuple[str, ...]
             try:
                 texts = (str(current), repr(current))
             except Exception:  # a broken __str__ shows nothing either
