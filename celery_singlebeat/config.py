@@ -12,13 +12,14 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from . import redact
 from .exceptions import ConfigurationError
 from .slots import MISSED_MODES, MissedPolicy
 
@@ -55,14 +56,6 @@ def _us(value: timedelta) -> int:
     return value // timedelta(microseconds=1)
 
 
-def _masked(raw: str) -> str:
-    """An unparsable URL as far as it is safe to log: scheme and host part only."""
-    scheme, separator, rest = raw.partition("://")
-    _, at, host = rest.rpartition("@") if separator else raw.rpartition("@")
-    shown = f"***@{host}" if at else "***"
-    return f"{scheme}://{shown}" if separator else shown
-
-
 def default_replica_id() -> str:
     """``host:pid:random``: the host (pod name) and pid say where; the suffix
     tells apart restarts that reuse a pid (every container's beat may be pid 1)."""
@@ -88,7 +81,7 @@ def parse_missed_policy(
     return default if policy == default else policy
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     """Validated celery-singlebeat settings (``app.conf.singlebeat_*``)."""
 
@@ -126,8 +119,18 @@ class Settings:
 
     @property
     def safe_url(self) -> str:
-        """The database URL with its password masked, for logs."""
-        return self.url.render_as_string(hide_password=True)
+        """The database URL with its password and secret query parameters masked,
+        for logs, the banner and the CLI (:func:`celery_singlebeat.redact.safe_url`)."""
+        return redact.safe_url(self.url)
+
+    def __repr__(self) -> str:
+        # The generated repr would show the URL's secret query parameters (its
+        # repr masks only the password) and engine_options' connect_args whole.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["url"] = self.safe_url
+        shown["engine_options"] = redact.redact_options(self.engine_options)
+        shown["extra"] = redact.redact_options(self.extra)
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def backend(self) -> str:
@@ -154,7 +157,7 @@ class Settings:
             # Neither the URL nor the parser's message may be shown whole: a typo
             # can put the password where a port or host is expected.
             raise ConfigurationError(
-                f"singlebeat_url: cannot parse the database URL {_masked(str(raw_url))!r}. "
+                f"singlebeat_url: cannot parse the database URL {redact.safe_url(str(raw_url))!r}. "
                 "Expected an SQLAlchemy URL such as postgresql+psycopg://user:pass@host/db"
             ) from None
         if not isinstance(url, URL):

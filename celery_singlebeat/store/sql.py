@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
+from ..redact import Secrets
 from .base import (
     EARLY_TOLERANCE_US,
     Busy,
@@ -116,6 +117,8 @@ class SqlStore(Store):
     ) -> None:
         self.url = url
         self.backend = url.get_backend_name()
+        #: what this store connects with, to scrub from the errors it wraps
+        self.secrets = Secrets.of(url, engine_options)
         options = _engine_defaults(url)
         for key, value in (engine_options or {}).items():
             if key == "connect_args":
@@ -217,7 +220,7 @@ class SqlStore(Store):
                 if getattr(exc.orig, "singlebeat_no_answer", False):
                     # the server (or the path to it) went silent: a new
                     # connection would wait out its connect_timeout in vain
-                    raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+                    raise self._unavailable(what, exc) from self.secrets.cause(exc)
                 if exc.connection_invalidated and reconnect_until is None:
                     # A pooled connection that died while idle (database restart,
                     # proxy timeout): the pool is invalidated, try again on a new
@@ -230,17 +233,30 @@ class SqlStore(Store):
                 if lost and left > 0:
                     # the server that ended the session may be restarting: wait a
                     # moment for it, rather than report an outage that is none
-                    logger.debug("singlebeat: %s: reconnect failed (%s)", what, _describe(exc))
+                    logger.debug(
+                        "singlebeat: %s: reconnect failed (%s)",
+                        what,
+                        self.secrets.scrub(_describe(exc)),
+                    )
                     time.sleep(min(pause, left))
                     pause = min(pause * 2, RECONNECT_PAUSE_MAX_S)
                     continue
                 if self._retryable(exc) and attempt < MAX_ATTEMPTS:
-                    logger.debug("singlebeat: %s: retrying after %s", what, exc.orig)
+                    logger.debug(
+                        "singlebeat: %s: retrying after %s", what, self.secrets.scrub(str(exc.orig))
+                    )
                     time.sleep(random.uniform(0.001, 0.02) * attempt)
                     continue
-                raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+                raise self._unavailable(what, exc) from self.secrets.cause(exc)
             except SQLAlchemyError as exc:
-                raise StoreUnavailable(f"{what} failed: {_describe(exc)}") from exc
+                raise self._unavailable(what, exc) from self.secrets.cause(exc)
+
+    def _unavailable(self, what: str, exc: SQLAlchemyError) -> StoreUnavailable:
+        """The outage a driver error means, its text scrubbed of this store's
+        secrets: a driver may repeat its connection parameters in a message, and
+        the scheduler, the worker and the CLI all print this one. (Raised from
+        ``self.secrets.cause(exc)``, which drops the chain when it repeats one.)"""
+        return StoreUnavailable(self.secrets.scrub(f"{what} failed: {_describe(exc)}"))
 
     def _text(self, statement: str) -> TextClause:
         """The statement as a SQLAlchemy clause, made once: parsing its text

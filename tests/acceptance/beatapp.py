@@ -28,12 +28,15 @@ database and broker:
 * ``SB_ROLL``: ``1`` or ``2`` adds entry ``roll-0``, every 2 s (version 1) or
   every 1 s (version 2) of the same entry: replicas with different values run
   two versions of one ``beat_schedule`` side by side, as in a rolling deploy
+* ``SB_ENGINE_OPTIONS``: singlebeat_engine_options, as JSON (a password in
+  ``connect_args``, to prove it is never printed)
 * ``SB_STORE_DEBUG``: ``1`` logs the store's DEBUG lines (``stale connection,
   reconnecting``, deadlock retries) while the rest stays at INFO
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from datetime import timedelta
@@ -86,6 +89,7 @@ app.conf.update(
     beat_scheduler="celery_singlebeat.SingleBeatScheduler",
     singlebeat_url=os.environ.get("SB_URL"),
     singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
+    singlebeat_engine_options=json.loads(os.environ.get("SB_ENGINE_OPTIONS", "{}")),
     singlebeat_lease=float(os.environ.get("SB_LEASE", "15")),
     singlebeat_create_schema=os.environ.get("SB_CREATE_SCHEMA", "1") != "0",
     singlebeat_missed_policy=os.environ.get("SB_POLICY", "coalesce"),

@@ -31,14 +31,15 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import quote
 
 import sqlalchemy as sa
-from conftest import direct_engine
+from conftest import IN_CI, direct_engine
 from sqlalchemy.engine import Engine
 
 from celery_singlebeat.slots import slot_task_id
@@ -555,9 +556,12 @@ def free_port() -> int:
 
 class Postgres:
     """A PostgreSQL cluster of a test's (or a benchmark run's) own, so that it can be
-    restarted or stopped without touching the shared server."""
+    restarted or stopped without touching the shared server.
 
-    def __init__(self) -> None:
+    ``password``: the ``postgres`` user's, and TCP connections must give it
+    (scram-sha-256), so that a wrong one is rejected; without, all are trusted."""
+
+    def __init__(self, password: str | None = None) -> None:
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found:
             raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb")
@@ -567,10 +571,12 @@ class Postgres:
         self.data = self.dir / "data"
         self.port = free_port()
         self.version = ""
+        self.password = password
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        user = "postgres" if self.password is None else f"postgres:{quote(self.password, safe='')}"
+        return f"postgresql+psycopg://{user}@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *command: str, timeout: float = 120) -> str:
         argv = [str(self.bindir / command[0]), *command[1:]]
@@ -594,8 +600,17 @@ class Postgres:
     def start(self) -> None:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.dir / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = [
+                "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
+            ]  # fmt: skip
         self._run(
-            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+            "initdb", "-D", str(self.data), "-U", "postgres", *auth, "-E", "UTF8",
             "--no-sync",
         )  # fmt: skip
         self._ctl("start")
@@ -619,6 +634,26 @@ class Postgres:
             print(f"chaos: stopping PostgreSQL: {exc}", file=sys.stderr)
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def private_postgres(password: str | None = None) -> Iterator[Postgres]:
+    """A started :class:`Postgres` of the caller's own, removed afterwards. No
+    PostgreSQL binaries here: a skip locally, a failure under CI=true."""
+    import pytest
+
+    try:
+        pg = Postgres(password)
+        pg.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        message = f"no private PostgreSQL cluster: {exc}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield pg
+    finally:
+        pg.close(keep=False)
 
 
 # -- the database, read directly by the test ---------------------------------

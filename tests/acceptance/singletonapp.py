@@ -12,6 +12,7 @@ variables (one module serves every database, broker and pool):
 * ``SB_BACKEND``: a result backend URL (for the tests that judge result states)
 * ``SB_LEASE_SETTING``: ``singlebeat_lease`` as given (a start-up check test)
   fencing token and slot. Tests judge overlaps and counts from this file.
+* ``SB_ENGINE_OPTIONS``: singlebeat_engine_options, as JSON
 * ``SB_VISIBILITY``: the Redis transport's ``visibility_timeout`` (seconds),
   with kombu's check for messages to deliver again every second
 * ``SB_RUN_RETENTION``: ``singlebeat_run_retention`` (seconds; the package's
@@ -21,6 +22,8 @@ The ``singletonapp.*`` SingletonTasks hold the key a call passes as the ``key``
 keyword argument, or their task name when it passes none; so tasks of
 different busy policies, time limits and acks can contend for one key:
 
+* ``hold_once`` is ``hold`` with ``max_retries=0``: a start the database
+  cannot decide fails at once (its traceback logged) instead of retrying
 * ``hold``, ``hold_raise``, ``hold_retry``, ``hold_retry_few``, ``hold_late``
   and ``hard_limited`` hold their key for ``seconds`` and return ``tag``; they
   differ in their options only (busy policy, retries, acks_late, time limit)
@@ -57,6 +60,7 @@ SOFT_TTL = 30.0
 app.conf.update(
     singlebeat_url=os.environ.get("SB_URL"),
     singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
+    singlebeat_engine_options=json.loads(os.environ.get("SB_ENGINE_OPTIONS", "{}")),
     broker_connection_retry_on_startup=True,
     task_default_queue=queue,
     task_default_exchange=queue,
@@ -135,6 +139,12 @@ def singleton(name: str, **options: Any) -> Any:
 @singleton("singletonapp.hold")
 def hold(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
     """Holds its key for ``seconds`` (busy policy: skip)."""
+    return _body(self, seconds, tag)
+
+
+@singleton("singletonapp.hold_once", max_retries=0)
+def hold_once(self: Any, seconds: float, tag: str = "", *, key: str | None = None) -> str:
+    """Like hold, but a start the database cannot decide fails at once."""
     return _body(self, seconds, tag)
 
 

@@ -11,12 +11,14 @@ variables, so each test can break exactly one thing:
 * ``SB_ENTRY``: the one schedule entry: ``ok`` (every ``SB_EVERY`` seconds),
   ``bad-policy`` (an unknown per-entry missed-run policy), ``long-name`` (a name
   longer than 255 bytes) or ``opaque`` (a schedule object we cannot coordinate)
+* ``SB_ENGINE_OPTIONS``: singlebeat_engine_options, as JSON
 * ``SB_START_AT``: a Unix time; beat waits for it after start-up and before its
   first tick, so processes started together reach the database together
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import datetime, timedelta
@@ -56,6 +58,7 @@ _conf: dict[str, Any] = {
     "broker_connection_retry_on_startup": True,
     "singlebeat_lease": float(os.environ.get("SB_LEASE", "15")),
     "singlebeat_create_schema": os.environ.get("SB_CREATE_SCHEMA", "1") != "0",
+    "singlebeat_engine_options": json.loads(os.environ.get("SB_ENGINE_OPTIONS", "{}")),
 }
 for _setting, _var in (
     ("singlebeat_url", "SB_URL"),

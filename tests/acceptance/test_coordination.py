@@ -9,6 +9,7 @@ entry's anchor + k * period), not from how long the test slept.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from collections.abc import Iterator
@@ -277,10 +278,13 @@ def test_log_names_replica_slot_and_task_id_and_masks_the_password(
     rig: Rig, redis_url: str, pg_url: str, table_prefix: str
 ) -> None:
     # PostgreSQL here trusts local connections, so any password is accepted:
-    # the URL carries one that must never be printed.
-    secret = "s3cret"
-    url = pg_url.replace("postgres@", f"postgres:{secret}@", 1)
-    assert secret in url
+    # the URL's user part and its query string carry one, connect_args a
+    # third; none may ever be printed.
+    secret = "Pa55-w0rd-s3cr3t"
+    user, query, option = (f"{secret}-{where}" for where in ("user", "query", "option"))
+    plain = pg_url.replace("postgres@", f"postgres:{user}@", 1)
+    url = f"{plain}{'&' if '?' in plain else '?'}password={query}&application_name=sb-test"
+    assert user in url and query in url
     reader, db, env = rig.fleet(
         f"{redis_url}/3",
         pg_url,
@@ -288,6 +292,7 @@ def test_log_names_replica_slot_and_task_id_and_masks_the_password(
         beats_url=url,
         SB_ENTRIES="2",
         SB_LEASE=str(LEASE),
+        SB_ENGINE_OPTIONS=json.dumps({"connect_args": {"password": option}}),
     )
     beat = rig.start_beat(env, "beat")
     wait_for(lambda: len(beat.sent_task_ids()) >= 4, 30, "four published slots", interval=0.2)
@@ -295,7 +300,9 @@ def test_log_names_replica_slot_and_task_id_and_masks_the_password(
     messages = reader.finish()
     log = beat.log()
 
-    masked = url.replace(secret, "***")
+    # what the lines show is the URL with each secret masked, the rest kept
+    masked = url.replace(user, "***").replace(query, "***")
+    assert "application_name=sb-test" in masked
     banner = re.search(r"\. singlebeat -> (\S+)", log)
     startup = re.search(r"coordinating 2 entries through (\S+) ", log)
     assert banner and startup, log

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
 from harness import (
     US,
     BeatProcess,
@@ -24,6 +23,7 @@ from harness import (
     TcpProxy,
     check_slots,
     collect,
+    private_postgres,
     wait_for,
 )
 from sqlalchemy.engine import make_url
@@ -46,18 +46,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 @pytest.fixture
 def private_pg() -> Iterator[Postgres]:
     """A PostgreSQL cluster of the test's own: the shared one is never restarted."""
-    try:
-        pg = Postgres()
-        pg.start()
-    except (RuntimeError, OSError) as exc:
-        message = f"no private PostgreSQL cluster: {exc}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
+    with private_postgres() as pg:
         yield pg
-    finally:
-        pg.close(keep=False)
 
 
 def _connected(beats: list[BeatProcess]) -> None:

@@ -20,6 +20,7 @@ the database.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -153,14 +154,22 @@ def closed_port() -> int:
 
 
 def with_secret(url: str) -> tuple[str, str]:
-    """``url`` with a password, and that password, to prove it is never printed.
+    """``url`` with a password, given twice (in the user part and in the query
+    string), and that password, to prove it is never printed.
 
     The test services trust local users, so an added password is never checked.
     """
     parsed = make_url(url)
     if parsed.password is None:
         parsed = parsed.set(password=SECRET)
-    return parsed.render_as_string(hide_password=False), str(parsed.password)
+    password = str(parsed.password)
+    parsed = parsed.update_query_dict({"password": password})
+    return parsed.render_as_string(hide_password=False), password
+
+
+def options_with(secret: str) -> str:
+    """SB_ENGINE_OPTIONS giving the same password a third time, in connect_args."""
+    return json.dumps({"connect_args": {"password": secret}})
 
 
 @pytest.fixture
@@ -218,6 +227,11 @@ BAD_CONFIGURATIONS = {
         {"SB_URL": f"postgresql://beat:{SECRET}@db:notaport/x"},
         [],
         ["singlebeat_url", "cannot parse"],
+    ),
+    "malformed url, password in its query string": (
+        {"SB_URL": f"postgresql://beat@db:notaport/x?sslmode=require&password={SECRET}"},
+        [],
+        ["singlebeat_url", "cannot parse", "db:notaport/x"],
     ),
     "unsupported scheme": (
         {"SB_URL": f"oracle://beat:{SECRET}@db/x"},
@@ -347,7 +361,9 @@ def test_database_down_at_start_sends_nothing_and_logs_one_error(
         "beat",
         "-l",
         "debug",  # the retries are logged at DEBUG: we count them
-        SB_URL=f"postgresql://beat:{SECRET}@127.0.0.1:{closed_port}/x",
+        # the password in each place it can be given; none may be printed
+        SB_URL=f"postgresql://beat:{SECRET}@127.0.0.1:{closed_port}/x?password={SECRET}",
+        SB_ENGINE_OPTIONS=options_with(SECRET),
         SB_BROKER=broker,
         SB_QUEUE=name,
         SB_EVERY="0.5",
@@ -367,6 +383,8 @@ def test_database_down_at_start_sends_nothing_and_logs_one_error(
     assert queued(broker, name) == 0
     assert "sent startapp.probe" not in output
     assert SECRET not in output
+    # and the lines still say which database
+    assert f"database postgresql://beat:***@127.0.0.1:{closed_port}/x?password=*** " in output
     assert proc.stop() == 0
 
 
@@ -386,6 +404,7 @@ def test_schema_creation_by_command_when_beat_may_not_create_it(
     broker, name = queue
     settings = {
         "SB_URL": url,
+        "SB_ENGINE_OPTIONS": options_with(secret),
         "SB_PREFIX": table_prefix,
         "SB_CREATE_SCHEMA": "0",
         "SB_BROKER": broker,

@@ -10,9 +10,11 @@ missing service does (tests/conftest.py). The PostgreSQL alias points at
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 import textwrap
+from urllib.parse import quote, quote_plus
 
 import pytest
 from conftest import IN_CI
@@ -125,3 +127,49 @@ def test_django_url_without_configured_settings_names_the_setting() -> None:
     # In this interpreter Django settings are not configured.
     with pytest.raises(ConfigurationError, match="singlebeat_url=django://default"):
         Settings.from_conf({"singlebeat_url": "django://default"})
+
+
+def test_django_password_reaches_no_output_even_on_an_error() -> None:
+    """A ``django://`` alias whose PASSWORD needs URL-encoding, at a port where
+    nothing listens: the shown URL, the settings' repr and the error of the
+    refused connection (its traceback included) name the database, never the
+    password, raw or encoded."""
+    secret = "Pa55-w0rd-s3cr3t/@:?&"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    jobs = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "jobs_db",
+        "USER": "beat",
+        "PASSWORD": secret,
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+    }
+    result = _run(
+        f"""
+        import traceback
+        import django
+        from django.conf import settings
+        settings.configure(DATABASES={{"default": {jobs!r}}})
+        django.setup()
+        from celery_singlebeat import create_schema
+        from celery_singlebeat.config import Settings
+        from celery_singlebeat.exceptions import StoreUnavailable
+        s = Settings.from_conf({{"singlebeat_url": "django://default"}})
+        print("URL", s.safe_url)
+        print("REPR", repr(s))
+        try:
+            create_schema("django://default")
+        except StoreUnavailable as exc:
+            traceback.print_exc()
+            print("ERR", exc)
+        """
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for form in (secret, quote(secret, safe=""), quote_plus(secret), "Pa55-w0rd-s3cr3t"):
+        assert form not in output, output
+    assert f"URL postgresql+psycopg://beat:***@127.0.0.1:{port}/jobs_db\n" in result.stdout
+    assert "ERR schema check failed: OperationalError: " in result.stdout, output
+    assert f"port {port} failed" in result.stdout, output
