@@ -387,8 +387,15 @@ def test_a_slot_run_started_then_its_repeat_dropped(
     }
 
 
-@pytest.mark.parametrize("policy", ["skip", pytest.param("retry", marks=eager_exceptions)])
-def test_a_busy_key_skipped_or_retried(
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "skip",
+        pytest.param("retry", marks=eager_exceptions),
+        pytest.param("raise", marks=eager_exceptions),
+    ],
+)
+def test_a_busy_key_skipped_retried_or_raised(
     app: Celery,
     store: MemoryStore,
     caplog: pytest.LogCaptureFixture,
@@ -399,7 +406,7 @@ def test_a_busy_key_skipped_or_retried(
     store.acquire_lease("proj.hold", "host:1:abc", 60_000_000)
     result = slot_apply(hold)
     assert result.state == ("SUCCESS" if policy == "skip" else "FAILURE")
-    decision = decisions.BUSY_SKIPPED if policy == "skip" else decisions.BUSY_RETRY
+    decision = {"skip": "busy_skipped", "retry": "busy_retry", "raise": "busy_raised"}[policy]
     [busy] = decided(caplog, decision)
     assert fields(busy) == {
         **slot(decision, runtime_for(app).owner, "every-minute", SLOT_US),
