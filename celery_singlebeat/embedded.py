@@ -25,7 +25,7 @@ import signal
 from billiard.process import current_process
 from celery.beat import _Process
 
-logger = logging.getLogger("celery_singlebeat")
+logger = logging.getLogger("celery_singlebeat.embedded")
 
 
 def in_worker_beat() -> bool:

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import signals
+from .. import decisions, signals
 from ..clock import US
+from ..decisions import run_fields
 from ..exceptions import StoreUnavailable
 from ..store.base import Lease, Run, Store
 from .context import Singleton
@@ -50,6 +51,8 @@ class Held:
     deadline: float
     next_at: float = 0.0
     sender: object = None
+    #: the worker's owner id (the ``replica`` field of its log records)
+    owner: str = ""
 
     @property
     def interval(self) -> float:
@@ -137,6 +140,14 @@ class Heartbeat:
                     held.run.entry,
                     held.run.slot_us,
                     held.singleton.task_id,
+                    extra=run_fields(
+                        decisions.RUN_TAKEN,
+                        held.owner,
+                        held.singleton.task_id,
+                        held.lease.key,
+                        (held.run.entry, held.run.slot_us),
+                        held.lease.token,
+                    ),
                 )
                 held.run = None
         except StoreUnavailable as exc:
@@ -166,6 +177,14 @@ class Heartbeat:
             singleton.key,
             singleton.token,
             reason,
+            extra=run_fields(
+                decisions.LEASE_LOST,
+                held.owner,
+                singleton.task_id,
+                singleton.key,
+                singleton.slot,
+                singleton.token,
+            ),
         )
         if signals.singleton_lease_lost.receivers:
             signals.singleton_lease_lost.send(

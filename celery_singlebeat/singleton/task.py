@@ -25,8 +25,9 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_init
 
-from .. import signals
+from .. import decisions, signals
 from ..clock import US, us_to_datetime
+from ..decisions import run_fields, slot_text
 from ..exceptions import ConfigurationError, SingletonBusy, StoreUnavailable
 from ..slots import SLOT_HEADER
 from ..store.base import Busy, Lease, Run, RunStatus, Store
@@ -166,10 +167,32 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
             raise self.retry(countdown=delay, exc=exc) from exc
         if isinstance(got, Busy):
-            return self._busy(store, run, key, got, task_id)
+            return self._busy(store, run, slot, key, got, task_id, runtime.owner)
+        if slot is not None and logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "singlebeat: %s[%s]: slot %s@%s started (singleton key %r, token %d)",
+                self.name,
+                task_id,
+                slot.entry,
+                slot_text(slot.slot_us),
+                key,
+                got.token,
+                extra=run_fields(
+                    decisions.RUN_STARTED, runtime.owner, task_id, key, slot, got.token
+                ),
+            )
 
         singleton = Singleton(store, self.name, key, got.token, task_id, slot)
-        held = Held(singleton, store, got, run, ttl_us, started + ttl_us / US, sender=self)
+        held = Held(
+            singleton,
+            store,
+            got,
+            run,
+            ttl_us,
+            started + ttl_us / US,
+            sender=self,
+            owner=runtime.owner,
+        )
         beat = heartbeat()
         beat.hold(held)
         context.push(singleton)
@@ -213,12 +236,18 @@ class SingletonTask(Task):  # type: ignore[misc]
                 store.abandon_run(run)
             raise
         if begin.status is not RunStatus.STARTED:
-            self._drop_repeat(slot, begin.status, begin.owner, task_id)
+            self._drop_repeat(slot, begin.status, begin.owner, task_id, key, owner)
         assert got is not None
         return got
 
     def _drop_repeat(
-        self, slot: SlotInfo | None, status: RunStatus, holder: str, task_id: str
+        self,
+        slot: SlotInfo | None,
+        status: RunStatus,
+        holder: str,
+        task_id: str,
+        key: str,
+        owner: str,
     ) -> NoReturn:
         assert slot is not None
         logger.info(
@@ -229,6 +258,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             slot.at.isoformat(),
             status.value,
             holder,
+            extra=run_fields(decisions.REPEAT_DROPPED, owner, task_id, key, slot),
         )
         if signals.singleton_duplicate.receivers:
             signals.singleton_duplicate.send(
@@ -238,7 +268,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         # ran (same task id) is not overwritten.
         raise Ignore()
 
-    def _busy(self, store: Store, run: Run | None, key: str, busy: Busy, task_id: str) -> Any:
+    def _busy(
+        self,
+        store: Store,
+        run: Run | None,
+        slot: SlotInfo | None,
+        key: str,
+        busy: Busy,
+        task_id: str,
+        owner: str,
+    ) -> Any:
         until = us_to_datetime(busy.expires_us).isoformat() if busy.expires_us else "?"
         policy = self.singleton_busy
         if run is not None:
@@ -263,6 +302,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 key,
                 busy.owner,
                 until,
+                extra=run_fields(decisions.BUSY_SKIPPED, owner, task_id, key, slot),
             )
             if signals.singleton_skipped.receivers:
                 signals.singleton_skipped.send(
@@ -270,9 +310,25 @@ class SingletonTask(Task):  # type: ignore[misc]
                 )
             return None
         error = SingletonBusy(key, busy.owner, until)
+        delay = self.singleton_retry_delay
+        countdown = self._singleton_ttl_us / US if delay is None else delay
+        logger.info(
+            "singlebeat: %s[%s]: singleton key %r is held by %s until %s: %s",
+            self.name,
+            task_id,
+            key,
+            busy.owner,
+            until,
+            f"retrying in {countdown:g}s" if policy == "retry" else "raising SingletonBusy",
+            extra=run_fields(
+                decisions.BUSY_RETRY if policy == "retry" else decisions.BUSY_RAISED,
+                owner,
+                task_id,
+                key,
+                slot,
+            ),
+        )
         if policy == "retry":
-            delay = self.singleton_retry_delay
-            countdown = self._singleton_ttl_us / US if delay is None else delay
             raise self.retry(countdown=countdown, exc=error)
         raise error
 
@@ -293,6 +349,14 @@ class SingletonTask(Task):  # type: ignore[misc]
                     run.entry,
                     run.slot_us,
                     task_id,
+                    extra=run_fields(
+                        decisions.RUN_TAKEN,
+                        held.owner,
+                        task_id,
+                        lease.key,
+                        (run.entry, run.slot_us),
+                        lease.token,
+                    ),
                 )
 
         try:

@@ -32,6 +32,8 @@ database and broker:
   ``connect_args``, to prove it is never printed)
 * ``SB_STORE_DEBUG``: ``1`` logs the store's DEBUG lines (``stale connection,
   reconnecting``, deadlock retries) while the rest stays at INFO
+* ``SB_JSON_LOG``: ``1`` runs the JSON formatter block of docs/operations.md
+  ("Log records") as written: every log line becomes one JSON object
 """
 
 from __future__ import annotations
@@ -117,6 +119,19 @@ if os.environ.get("SB_STORE_DEBUG") == "1":
     @after_setup_logger.connect(weak=False)
     def _store_debug(**_kwargs: object) -> None:
         logging.getLogger("celery_singlebeat.store").setLevel(logging.DEBUG)
+
+
+if os.environ.get("SB_JSON_LOG") == "1":
+    import re
+    from pathlib import Path
+
+    # The documented configuration itself, not a copy of it: the acceptance test
+    # proves that what docs/operations.md shows works in a real celery beat.
+    _doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    _block = next(b for b in re.findall(r"```python\n(.*?)```", _doc, re.S) if "JsonLines" in b)
+    #: the block's namespace, kept: Celery's signal holds its receiver weakly
+    _json_log: dict[str, Any] = {"__name__": "beatapp_json_log"}
+    exec(compile(_block, "docs/operations.md", "exec"), _json_log)
 
 
 @app.task(name="beatapp.probe")
