@@ -1383,10 +1383,14 @@ class Chaos:
 
     def infra_fault(self, lo_us: int, hi_us: int) -> bool:
         """A fault of the database or the broker was in force in ``[lo, hi]``,
-        counting on after its end for as long as its effects last (the outage
-        backoff, 10 s, after the database; a sweep and a second after the broker)."""
+        counting on after its end for as long as its effects last: the outage
+        backoff (10 s) after a database outage; the store's reconnect window
+        (2 s) and a second after a restart, which is no outage; a sweep and a
+        second after the broker."""
         for f in self.faults:
-            if f.db_down:
+            if f.kind == "postgres restart":
+                tail = 3 * US
+            elif f.db_down:
                 tail = 10 * US
             elif f.kind == "broker restart":
                 tail = self.lease_us // 3 + US
