@@ -30,9 +30,9 @@ class NoAnswer(psycopg.OperationalError):
     singlebeat_no_answer = True
 
 
-# psycopg 3.2 gave Connection.wait its deadline (`timeout`, with the poll
-# period renamed `interval`); 3.1 has no deadline to lend.
-SUPPORTED = "interval" in inspect.signature(psycopg.Connection.wait).parameters
+# psycopg 3.3 gave Connection.wait its deadline (`timeout`); 3.2 and older
+# (the newest for Python 3.9 is 3.2) have none to lend.
+SUPPORTED = "timeout" in inspect.signature(psycopg.Connection.wait).parameters
 _WAIT_TIMEOUT: type[BaseException] = getattr(psycopg.errors, "_WaitTimeout", NoAnswer)
 
 

@@ -87,7 +87,7 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
                 "keepalives_idle": 5,
                 "keepalives_interval": 2,
                 "keepalives_count": 3,
-                # (with psycopg 3.2+, every statement also waits at most 15 s for
+                # (with psycopg 3.3+, every statement also waits at most 15 s for
                 # its answer: psycopg_timeout; connect_args "read_timeout" sets it)
                 # no server-side prepared statements: they break behind PgBouncer
                 # in transaction pooling mode
