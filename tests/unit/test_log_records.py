@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,12 @@ from test_scheduler import (
     _iso,
     _published_then_unconfirmed,
     every,
+    monotonic_shift,
+    tick_stalled_past_lease,
 )
 from test_singleton import SLOT_US, eager_exceptions, make_hold, slot_apply, wait_until
 
-from celery_singlebeat import decisions, signals
+from celery_singlebeat import decisions
 from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US
 from celery_singlebeat.decisions import FIELDS
@@ -182,9 +183,7 @@ def test_a_failed_publish_then_its_slot_taken_back(
     assert fields(failed) == slot("publish_failed", me, "job", t0 + US, fence=1)
     assert not decided(caplog, decisions.UNTRIED)  # nothing else was in the batch
 
-    shift = [0.0]
-    real = time.monotonic
-    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    shift = monotonic_shift(monkeypatch)
     shift[0] += replica.settings.lease.total_seconds()  # its next sweep is due
     replica.tick()
     assert [m.at_us for m in harness.drain()] == [t0 + US]
@@ -245,18 +244,7 @@ def test_slots_whose_lease_ran_out_before_publishing(
     replica = harness.replica()
     replica.tick()
     harness.clock.advance(SECOND)
-    shift = [0.0]
-    real = time.monotonic
-    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
-
-    def stall(**_: Any) -> None:  # a slow receiver: the lease runs out
-        shift[0] += replica.settings.lease.total_seconds()
-
-    signals.slot_claimed.connect(stall)
-    try:
-        replica.tick()
-    finally:
-        signals.slot_claimed.disconnect(stall)
+    tick_stalled_past_lease(replica, monkeypatch)  # a slow receiver
     assert harness.drain() == []
     [expired] = decided(caplog, decisions.EXPIRED)
     assert expired.levelno == logging.WARNING

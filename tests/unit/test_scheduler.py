@@ -156,6 +156,30 @@ def harness_for() -> Iterator[Callable[..., Harness]]:
         conn.release()
 
 
+def monotonic_shift(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Make ``time.monotonic`` run ``shift[0]`` seconds ahead (the scheduler's
+    sweeps and publish deadlines); returns ``shift`` for the test to move."""
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    return shift
+
+
+def tick_stalled_past_lease(replica: MemoryScheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One tick whose ``slot_claimed`` receivers take longer than the lease (a
+    slow receiver): the replica must not publish what it claimed."""
+    shift = monotonic_shift(monkeypatch)
+
+    def stall(**_: Any) -> None:
+        shift[0] += replica.settings.lease.total_seconds()
+
+    signals.slot_claimed.connect(stall)
+    try:
+        replica.tick()
+    finally:
+        signals.slot_claimed.disconnect(stall)
+
+
 class BrokenProducer(Producer):  # type: ignore[misc]
     """A producer whose broker refuses every message."""
 
@@ -329,18 +353,7 @@ def test_a_slot_of_an_unknown_entry_is_held_back_after_a_failed_batch_too(
         replica.tick()
     else:
         replica = harness.replica()
-        shift = [0.0]
-        real = time.monotonic
-        monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
-
-        def stall(**_: Any) -> None:  # a slow receiver: the lease runs out
-            shift[0] += replica.settings.lease.total_seconds()
-
-        signals.slot_claimed.connect(stall)
-        try:
-            replica.tick()
-        finally:
-            signals.slot_claimed.disconnect(stall)
+        tick_stalled_past_lease(replica, monkeypatch)  # a slow receiver
     assert harness.drain() == []
     rows = {row.entry: row for row in store.slot_rows()}
     assert (rows["job"].state, rows["job"].lease_until_us) == (0, 0)
@@ -470,9 +483,7 @@ def test_claims_published_before_a_failed_confirm_are_confirmed_first_thing(
     store, replica, pending = _published_then_unconfirmed(harness)
     next_us = pending[0].slot_us + US
 
-    shift = [0.0]
-    real = time.monotonic
-    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    shift = monotonic_shift(monkeypatch)
     shift[0] += replica.settings.lease.total_seconds() / 3  # its next sweep is due
     harness.clock.advance(SECOND)  # and the next slots
     store.calls.clear()
@@ -559,9 +570,7 @@ def test_a_released_slot_is_taken_over_only_by_another_replica(
     FlakyBroker.down = False
     claimed_signals.clear()
     if taker == "itself":
-        shift = [0.0]
-        real = time.monotonic
-        monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+        shift = monotonic_shift(monkeypatch)
         shift[0] += replica.settings.lease.total_seconds()  # its next sweep is due
         replica.tick()
         sweeper = replica
@@ -767,9 +776,7 @@ def test_a_sweep_takes_over_at_most_the_takeover_batch_oldest_first(
     harness.clock.advance(2 * SECOND)
     oldest_first = sorted(keys, key=lambda k: (k.slot_us, k.entry))
 
-    shift = [0.0]
-    real = time.monotonic
-    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
+    shift = monotonic_shift(monkeypatch)
     replica = harness.replica()
     assert replica.settings.takeover_batch == 3
     sweeps = []
