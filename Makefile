@@ -5,12 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load chaos compare clean
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load bench-failover chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench,release]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -57,11 +57,48 @@ test-python:
 	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
 	$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/test_store_contract.py
 
+# The release (docs/release.md): the wheel and sdist in dist/, their metadata
+# rendered (twine) and checked against the source (version, contents, entry points).
+dist: $(STAMP)
+	rm -rf dist build
+	$(BIN)/python -m build
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python .ci/check_dist.py
+
+# The wheel in a clean venv outside the checkout: beat on the embedded SQLite
+# default sends a few runs through Redis, then singlebeat status lists them.
+smoke: dist
+	$(BIN)/python .ci/smoke_wheel.py
+
+# Each extra alone in a clean venv, installed from the wheel, used for real.
+check-extras: dist
+	$(BIN)/python .ci/check_extras.py
+
+# Line and branch coverage of the package by the in-process suites (the unit tests
+# and the store contracts on SQLite, PostgreSQL and MariaDB); fails under the floor
+# in setup.cfg ([coverage:report] fail_under).
+COVERAGE_TESTS := tests/unit tests/integration/test_store_contract.py \
+	tests/integration/test_singleton_store_contract.py tests/integration/test_fleet_contract.py
+coverage: $(STAMP)
+	$(BIN)/python -m coverage erase
+	$(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider $(COVERAGE_TESTS)
+	$(BIN)/python -m coverage report
+
+# The same under another interpreter, in its own venv: CI measures coverage on the
+# newest Python in place of that interpreter's test-python run (the suites are a
+# superset of test-python's), which saves running them twice.
+coverage-python:
+	test -x $(PYVENV)/bin/python || $(PY) -m venv $(PYVENV)
+	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
+	$(PYVENV)/bin/python -m coverage erase
+	$(PYVENV)/bin/python -m coverage run -m pytest -q -p no:cacheprovider $(COVERAGE_TESTS)
+	$(PYVENV)/bin/python -m coverage report
+
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check celery_singlebeat tests benchmarks example_project
+	$(BIN)/ruff check celery_singlebeat tests benchmarks example_project docs .ci
 	$(BIN)/ruff format --check celery_singlebeat
 
 typecheck: $(STAMP)
@@ -84,6 +121,13 @@ bench-quick: $(STAMP)
 bench-load: $(STAMP)
 	$(BIN)/python benchmarks/bench_load.py
 
+# A PostgreSQL primary with a streaming standby of its own (asynchronous over a
+# 300 ms link, then synchronous), 3 beat replicas and a SingletonTask worker
+# through a movable address, 3 failovers per mode (benchmarks/bench_failover.py),
+# about 4 minutes; writes results/failover-latest.json. Not part of make test.
+bench-failover: $(STAMP)
+	$(BIN)/python benchmarks/bench_failover.py --mode both --failovers 3 --seed 1
+
 # 5 beat replicas, 2 workers, own PostgreSQL and Redis, 10 minutes of seeded faults
 # (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.
 chaos: $(STAMP)
@@ -94,5 +138,24 @@ chaos: $(STAMP)
 compare: $(STAMP)
 	$(BIN)/python benchmarks/compare_failures.py --json benchmarks/results/compare-latest.json
 
+# The docs site, warnings as errors and every cross reference checked (nitpicky).
+# The docs extra goes into the same venv on first use: its stamp is its own.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	rm -rf docs/_build
+	$(BIN)/sphinx-build -b html -n -W --keep-going -q docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+# The PNGs under docs/_static/plots, from benchmarks/results/*.json, and the
+# algorithm page's sequence diagram (all committed: the docs build draws nothing).
+plots: $(DOCS_STAMP)
+	$(BIN)/python benchmarks/plots.py
+	$(BIN)/python docs/diagrams/takeover_sequence.py
+
 clean:
-	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-celery-* .venv-py-* .pytest_cache .mypy_cache .ruff_cache *.egg-info \
+		docs/_build dist build .coverage
