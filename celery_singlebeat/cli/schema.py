@@ -1,33 +1,11 @@
-"""``celery -A proj singlebeat ...``: administration commands.
-
-Registered as a Celery sub-command through the ``celery.commands`` entry point;
-``python -m celery_singlebeat`` runs the same commands without a Celery app.
-"""
+"""``singlebeat create-schema``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from .exceptions import SingleBeatError
-
-
-@click.group(name="singlebeat")
-def singlebeat() -> None:
-    """celery-singlebeat administration."""
-
-
-def _app_of(ctx: click.Context) -> Any:
-    """The app named by ``celery -A``, or None.
-
-    Without ``-A`` Celery still hands sub-commands its default app, whose
-    settings are all defaults: creating tables for it would silently make a
-    SQLite file in the working directory instead of the database meant.
-    """
-    if ctx.find_root().params.get("app") is None:
-        return None
-    return getattr(ctx.obj, "app", None)
+from ..exceptions import SingleBeatError
+from . import _app_of, singlebeat, target_of
 
 
 @singlebeat.command(name="create-schema")
@@ -44,9 +22,13 @@ def _app_of(ctx: click.Context) -> Any:
 @click.pass_context
 def create_schema_command(ctx: click.Context, url: str | None, table_prefix: str | None) -> None:
     """Create the coordination tables (idempotent)."""
-    from .schema_admin import create_schema
+    from ..schema_admin import create_schema
 
     app = _app_of(ctx)
+    # its own options, else the group's (python -m celery_singlebeat --url URL create-schema)
+    group = target_of(ctx)
+    url = url if url is not None else group.url
+    table_prefix = table_prefix if table_prefix is not None else group.table_prefix
     if app is None and url is None:
         raise click.UsageError("pass --url, or run as `celery -A proj singlebeat create-schema`")
     try:

@@ -1,0 +1,233 @@
+# ruff: noqa: F811 - the shared `backend` fixture is imported, then named as a parameter
+"""The fleet side of the storage contract: heartbeats, catalogs, pauses and run-now rows.
+
+Runs on every backend of ``test_store_contract`` (memory, SQLite, PostgreSQL,
+MariaDB). Operator writes are made the way the CLI makes them: through the
+memory store's helpers, or straight SQL on the tables for the SQL stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import direct_engine
+from sqlalchemy import select
+from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
+
+from celery_singlebeat.clock import US
+from celery_singlebeat.store.base import (
+    CONTROLS_KEY,
+    PAUSE_ALL,
+    CatalogEntry,
+    ReplicaInfo,
+    SlotKey,
+    Store,
+)
+from celery_singlebeat.store.schema import Tables
+from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.testing import MemoryStore
+
+
+class Operator:
+    """Writes what the CLI writes: pauses, resumes, run-now requests."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.memory: MemoryStore | None = backend.memory
+        self.tables = Tables(backend.prefix)
+
+    def _write(self, *statements: object) -> None:
+        assert self.backend.url is not None
+        engine = direct_engine(self.backend.url)
+        try:
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.execute(statement)  # type: ignore[call-overload]
+                meta = self.tables.meta
+                conn.execute(
+                    meta.update()
+                    .where(meta.c.key == CONTROLS_KEY)
+                    .values(value_us=meta.c.value_us + 1)
+                )
+        finally:
+            engine.dispose()
+
+    def pause(self, entry: str, until_us: int | None = None) -> None:
+        if self.memory is not None:
+            self.memory.pause(entry, until_us)
+            return
+        self._write(
+            self.tables.pauses.insert().values(
+                entry=entry, until_us=until_us, paused_by="op", reason="test", at_us=0
+            )
+        )
+
+    def resume(self, entry: str) -> None:
+        if self.memory is not None:
+            self.memory.resume(entry)
+            return
+        self._write(self.tables.pauses.delete().where(self.tables.pauses.c.entry == entry))
+
+    def request_run(self, store: Store, entry: str) -> SlotKey:
+        if self.memory is not None:
+            return self.memory.request_run(entry)
+        slot_us = store.ping()
+        self._write(
+            self.tables.slots.insert().values(
+                entry=entry,
+                slot_us=slot_us,
+                state=0,
+                owner="",
+                fence=0,
+                lease_until_us=0,
+                claimed_us=slot_us,
+            )
+        )
+        return SlotKey(entry, slot_us)
+
+
+@pytest.fixture
+def operator(backend: Backend) -> Iterator[Operator]:
+    yield Operator(backend)
+
+
+def info(replica: str, now_us: int, first: int = 1) -> ReplicaInfo:
+    return ReplicaInfo(replica, "host", 42, "1.2.3", now_us, now_us, -3, 5, first, 5 * US)
+
+
+def catalog(*names: str) -> list[CatalogEntry]:
+    return [
+        CatalogEntry(n, "tasks.t", "every 10s", '{"kind":"interval","every_us":10}') for n in names
+    ]
+
+
+def test_heartbeat_records_the_replica_and_reads_the_control_version(
+    backend: Backend, operator: Operator
+) -> None:
+    store = backend.ready()
+    now = store.ping()
+    store.register(["a"], "r1")
+    store.claim("r1", [SlotKey("a", now)], LONG_LEASE)
+    owners = store.heartbeat(info("r1", now), 60 * US)
+    assert owners == ["r1"]
+    before = store.controls_version
+    assert before is not None
+    assert store.open_claims == 1  # type: ignore[attr-defined]
+    operator.pause("a")
+    store.heartbeat(info("r1", now), 60 * US)
+    assert store.controls_version == before + 1
+    # the claim reads it too, where the store can fold it in
+    operator.resume("a")
+    store.claim("r1", [SlotKey("a", store.ping())], LONG_LEASE)
+    if backend.kind in ("memory", "postgres", "mysql", "sqlite"):
+        assert store.controls_version == before + 2
+
+
+def test_paused_slots_are_neither_claimed_nor_taken_over(
+    backend: Backend, operator: Operator
+) -> None:
+    store = backend.ready()
+    store.register(["a", "b"], "r1")
+    store.publish_catalog("r1", catalog("a", "b"))
+    now = store.ping()
+    # an abandoned claim of "a" from before the pause
+    store.claim("r0", [SlotKey("a", now - 10)], 1)
+    wait_db_past(store, store.ping() + 2)
+    operator.pause("a")
+    assert [p.entry for p in store.pauses()] == ["a"]
+    won = store.claim("r1", [SlotKey("a", now), SlotKey("b", now)], LONG_LEASE)
+    assert [c.entry for c in won] == ["b"]
+    assert store.take_over("r1", LONG_LEASE, 10) == []
+    operator.resume("a")
+    assert store.pauses() == []
+    later = store.ping()
+    assert [c.entry for c in store.claim("r1", [SlotKey("a", later)], LONG_LEASE)] == ["a"]
+    assert [(c.entry, c.slot_us) for c in store.take_over("r1", LONG_LEASE, 10)] == [
+        ("a", now - 10)
+    ]
+
+
+def test_pause_of_every_entry_and_a_pause_that_ended(backend: Backend, operator: Operator) -> None:
+    store = backend.ready()
+    store.register(["a", "b"], "r1")
+    now = store.ping()
+    operator.pause(PAUSE_ALL)
+    assert store.claim("r1", [SlotKey("a", now), SlotKey("b", now)], LONG_LEASE) == []
+    operator.resume(PAUSE_ALL)
+    operator.pause("a", until_us=store.ping() + 1)
+    wait_db_past(store, store.ping() + 2)
+    assert store.pauses() == []
+    assert len(store.claim("r1", [SlotKey("a", now), SlotKey("b", now)], LONG_LEASE)) == 2
+
+
+def test_a_run_now_row_goes_only_to_a_replica_whose_catalog_has_the_entry(
+    backend: Backend, operator: Operator
+) -> None:
+    store = backend.ready()
+    store.register(["a"], "old")
+    store.publish_catalog("old", catalog("b"))
+    store.publish_catalog("new", catalog("a", "b"))
+    key = operator.request_run(store, "a")
+    assert store.take_over("old", LONG_LEASE, 10) == []
+    taken = store.take_over("new", LONG_LEASE, 10)
+    assert [(c.entry, c.slot_us, c.fence) for c in taken] == [(key.entry, key.slot_us, 1)]
+    assert not taken[0].taken_over
+    assert store.confirm("new", taken) == taken
+
+
+def test_publish_catalog_replaces_the_replica_s_entries(backend: Backend) -> None:
+    store = backend.ready()
+    store.heartbeat(info("r1", store.ping()), 60 * US)
+    store.publish_catalog("r1", catalog("a", "b"))
+    store.publish_catalog("r1", catalog("b", "c"))
+    if isinstance(store, MemoryStore):
+        assert sorted(store.catalog_of("r1")) == ["b", "c"]
+        return
+    assert isinstance(store, SqlStore)
+    t = store.tables
+    with store.engine.connect() as conn:
+        named = conn.execute(select(t.replicas.c.catalog).where(t.replicas.c.id == "r1")).scalar()
+        rows = conn.execute(select(t.catalog.c.entry).where(t.catalog.c.catalog == named)).all()
+    assert sorted(r.entry for r in rows) == ["b", "c"]
+
+
+def test_replicas_with_the_same_entries_share_one_catalog(backend: Backend) -> None:
+    """Stored by content: the second replica of a release writes no rows."""
+    store = backend.ready()
+    entries = catalog("a", "b", "c")
+    store.publish_catalog("r1", entries)
+    for rid in ("r1", "r2", "r3"):
+        store.heartbeat(info(rid, store.ping()), 60 * US)
+    store.publish_catalog("r2", list(reversed(entries)))  # the order does not matter
+    store.publish_catalog("r3", entries)
+    if isinstance(store, MemoryStore):  # each replica's catalog as given
+        assert all(sorted(store.catalog_of(r)) == ["a", "b", "c"] for r in ("r1", "r2", "r3"))
+        return
+    assert isinstance(store, SqlStore)
+    t = store.tables
+    with store.engine.connect() as conn:
+        named = {r.catalog for r in conn.execute(select(t.replicas.c.catalog)).all()}
+        rows = conn.execute(select(t.catalog.c.entry, t.catalog.c.catalog)).all()
+        headers = conn.execute(select(t.catalogs.c.id, t.catalogs.c.entries)).all()
+    assert len(named) == 1 and None not in named
+    assert sorted(r.entry for r in rows) == ["a", "b", "c"]
+    assert [tuple(h) for h in headers] == [(named.pop(), 3)]
+
+
+def test_stopped_marks_the_row(backend: Backend) -> None:
+    store = backend.ready()
+    now = store.ping()
+    store.heartbeat(info("r1", now), 60 * US)
+    store.stopped("r1")
+    if isinstance(store, MemoryStore):
+        assert store.replica_rows()["r1"]["stopped_us"] is not None
+        return
+    assert isinstance(store, SqlStore)
+    with store.engine.connect() as conn:
+        row = conn.execute(store.tables.replicas.select()).one()
+    assert row.stopped_us is not None and row.stopped_us >= now
+    assert (row.host, row.pid, row.version, row.tracked) == ("host", 42, "1.2.3", 5)
+    store.heartbeat(info("r1", now), 60 * US)
+    with store.engine.connect() as conn:
+        assert conn.execute(store.tables.replicas.select()).one().stopped_us is None

@@ -1,0 +1,153 @@
+# ruff: noqa: F811 - the shared fixtures are imported, then named as parameters
+"""Pause, resume and run-now as the scheduler honours them, on the in-memory store.
+
+The operator's writes are the memory store's helpers (``pause``, ``resume``,
+``request_run``: what the CLI writes in SQL); the replicas are the real
+scheduler loop, their messages read back from kombu's memory broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from test_scheduler import Harness, every, harness_for, monotonic_shift  # noqa: F401
+
+from celery_singlebeat.clock import US
+from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.store.base import PAUSE_ALL
+
+SECOND = timedelta(seconds=1)
+
+
+def run(
+    harness: Harness,
+    replicas: list,
+    seconds: int,
+    shift: list[float] | None = None,  # type: ignore[type-arg]
+) -> list:  # type: ignore[type-arg]
+    """Tick every replica once per second of fake time (and of the monotonic
+    clock the sweeps follow, when ``shift`` is given); the messages sent."""
+    sent = []
+    for _ in range(seconds):
+        harness.clock.advance(SECOND)
+        if shift is not None:
+            shift[0] += 1.0
+        for replica in replicas:
+            replica.tick()
+        sent.extend(harness.drain())
+    return sent
+
+
+def test_a_paused_entry_is_sent_by_no_replica_and_resumes_on_time_without_catch_up(
+    harness_for: Callable[..., Harness],
+) -> None:
+    harness = harness_for({"a": every(1), "b": every(1)})
+    replicas = [harness.replica(), harness.replica(), harness.replica()]
+    before = run(harness, replicas, 3)
+    assert {m.entry for m in before} == {"a", "b"}
+    harness.store.pause("a", by="ops")
+    paused_from = harness.store.ping()
+    during = run(harness, replicas, 5)
+    assert [m for m in during if m.entry == "a"] == []
+    assert len([m for m in during if m.entry == "b"]) == 5
+    # refusals of a paused entry are counted as paused, not lost to another replica
+    assert sum(r.stats["paused"] for r in replicas) >= 1
+    harness.store.resume("a")
+    resumed_at = harness.store.ping()
+    after = run(harness, replicas, 3)
+    a_slots = sorted(m.at_us for m in after if m.entry == "a")
+    # the next slot after the resume goes out at its tick; the paused span is not caught up
+    assert len(a_slots) == 3
+    assert a_slots[0] > resumed_at and a_slots[0] <= resumed_at + US
+    assert not any(paused_from < at <= resumed_at for at in a_slots)
+    for replica in replicas:
+        replica.close()
+
+
+def test_pausing_every_entry_and_a_pause_that_ends_by_itself(
+    harness_for: Callable[..., Harness],
+) -> None:
+    harness = harness_for({"a": every(1), "b": every(1)})
+    replicas = [harness.replica(), harness.replica()]
+    run(harness, replicas, 2)
+    harness.store.pause(PAUSE_ALL, until_us=harness.store.ping() + 3 * US + US // 2)
+    sent = run(harness, replicas, 6)
+    # 3 s paused, then both entries again at every tick
+    assert sorted({m.entry for m in sent}) == ["a", "b"]
+    assert len(sent) == 2 * 3
+    for replica in replicas:
+        replica.close()
+
+
+def test_run_now_sends_one_extra_message_with_its_own_task_id_and_slot_header(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shift = monotonic_shift(monkeypatch)
+    harness = harness_for({"hourly": every(3600, priority=3)})
+    replicas = [harness.replica(), harness.replica(), harness.replica()]
+    run(harness, replicas, 1, shift)
+    assert harness.drain() == []
+    key = harness.store.request_run("hourly")
+    # the request is an abandoned row: the first sweep of any replica (every
+    # lease/3 = 5 s here, sooner when a statement reads the control change) takes it
+    sent = run(harness, replicas, 6, shift)
+    assert [(m.entry, m.at_us) for m in sent] == [(key.entry, key.slot_us)]
+    message = sent[0]
+    assert message.task_id == slot_task_id("hourly", key.slot_us)
+    assert message.properties.get("priority") == 3
+    assert message.headers["singlebeat_slot"]["at_us"] == key.slot_us
+    assert run(harness, replicas, 20, shift) == []
+    for replica in replicas:
+        replica.close()
+
+
+def test_replica_rows_record_each_replica_and_a_graceful_stop(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shift = monotonic_shift(monkeypatch)
+    harness = harness_for({"a": every(1), "b": every(2)})
+    replicas = [harness.replica(), harness.replica()]
+    # a few heartbeats: the first records the share each replica had before it
+    # saw the other (both proposing everything first)
+    run(harness, replicas, 12, shift)
+    rows = harness.store.replica_rows()
+    assert set(rows) == {r.settings.replica_id for r in replicas}
+    for replica in replicas:
+        row = rows[replica.settings.replica_id]
+        assert row["tracked"] == 2 and row["stopped_us"] is None
+        assert row["version"] and row["pid"] > 0
+        assert sorted(harness.store.catalog_of(replica.settings.replica_id)) == ["a", "b"]
+    # every entry is proposed first by some replica (views may differ for a sweep)
+    firsts = [rows[r.settings.replica_id]["proposes_first"] for r in replicas]
+    assert all(0 <= f <= 2 for f in firsts) and sum(firsts) >= 2
+    replicas[0].close()
+    assert harness.store.replica_rows()[replicas[0].settings.replica_id]["stopped_us"] is not None
+    replicas[1].close()
+
+
+def test_an_idle_sweep_with_no_claimed_row_anywhere_skips_the_takeover(
+    harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shift = monotonic_shift(monkeypatch)
+    harness = harness_for({"hourly": every(3600)})
+    replica = harness.replica()
+    run(harness, [replica], 1, shift)
+    taken: list[int] = []
+    real = harness.store.take_over
+
+    def counting(*args: object, **kwargs: object) -> list:  # type: ignore[type-arg]
+        taken.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(harness.store, "take_over", counting)
+    before = harness.store.round_trips
+    run(harness, [replica], 30, shift)  # 6 sweeps (every lease/3 = 5 s)
+    assert taken == []
+    assert harness.store.round_trips - before == 6  # one heartbeat each
+    # a claimed row anywhere (here: a run-now request) and the sweep takes over
+    harness.store.request_run("hourly")
+    sent = run(harness, [replica], 6, shift)
+    assert taken and [m.entry for m in sent] == ["hourly"]
+    replica.close()
