@@ -1,0 +1,637 @@
+#!/usr/bin/env python3
+"""Database failover: what 3 beat replicas and a SingletonTask worker do when the
+PostgreSQL primary dies and a standby is promoted under a moved address.
+
+Topology, per mode (every process real, started here; ``failover.py`` builds
+the database side):
+
+* a PostgreSQL 15 primary with a streaming standby of its own, the WAL stream
+  through a link that delays it (``--lag-ms``, asynchronous mode) or a
+  synchronous standby (``--sync-lag-ms``, ``synchronous_commit = on``);
+* a movable address (a TCP proxy) that every process below connects to;
+* 3 ``celery beat`` replicas of ``tests/acceptance/beatapp.py``, 50 interval
+  entries every second, each sending ``singletonapp.slot_probe`` (one
+  SingletonTask key per entry);
+* 1 ``celery worker`` (prefork, 2 children) of
+  ``tests/acceptance/singletonapp.py`` executing them; its SingletonTask leases
+  and run rows live in the same failover database;
+* Redis (the shared server, ``--redis-db``) as the broker.
+
+Failovers (``--failovers``, at moments drawn from ``--seed``, each at a random
+point within a second): the primary's node dies (``pg_ctl stop -m
+immediate``; what was on the lagging link is lost with it), the standby is
+promoted, the address moves to it. Once every entry is sent again, a fresh
+standby of the new primary is made (``pg_basebackup``; the old primary is not
+rejoined) and the run goes on to the next failover.
+
+Judged from outside:
+
+* **sent**: every message read off the real broker. The worker consumes the
+  tasks' queue, so a second queue is bound to the same exchange and routing
+  key, and the replicas publish through that exchange (``SB_VIA_EXCHANGE``;
+  Celery otherwise sends straight to the queue): Redis puts every message into
+  both, and a reader takes every message off the second one
+  (``harness.RedisQueueReader``);
+* **executed**: the record file every execution of the task body appends a
+  line to (``SB_RECORD``, a file in the run's folder, not the failover
+  database, whose writes are what is lost);
+* per slot of every entry (from the entries' anchors) between the replicas'
+  start and the end: sent twice, executed twice, lost (never in the broker),
+  never executed, and the longest wait between two consecutive slots of an
+  entry reaching the broker.
+
+Usage::
+
+    python benchmarks/bench_failover.py                    # both modes, 3 failovers each
+    python benchmarks/bench_failover.py --mode async --failovers 1 --lag-ms 300 --seed 2
+
+Writes ``benchmarks/results/failover-latest.json`` (``--json``). Exit status
+0 whatever the figures: this measures, the targets are issue 13's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ACCEPTANCE = ROOT / "tests" / "acceptance"
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+from failover import MODES, Failover, FailoverPair  # noqa: E402  (puts harness on sys.path)
+from harness import (  # noqa: E402
+    DROPPED_LINE,
+    SENT_LINE,
+    BeatGroup,
+    BeatProcess,
+    Db,
+    Received,
+    RedisQueueReader,
+    executions,
+    interval_slots,
+    read_records,
+    wait_for,
+    wait_ready,
+)
+
+from celery_singlebeat.slots import slot_task_id  # noqa: E402
+
+US = 1_000_000
+TASK = "singletonapp.slot_probe"
+PERIOD_US = US
+#: the first failover comes this long after every replica connected, and each
+#: next one this long after the previous one's standby was rebuilt (seconds)
+WARMUP = (12.0, 18.0)
+STEADY = (10.0, 15.0)
+#: after a failover, every entry must have reached the broker again with a slot
+#: this long after the address moved before the run goes on
+RECOVERED_AFTER_S = 2.0
+
+
+@dataclass
+class Config:
+    modes: list[str]
+    failovers: int
+    seed: int
+    lag_ms: float
+    sync_lag_ms: float
+    entries: int
+    replicas: int
+    redis_url: str
+    keep: bool
+
+
+@dataclass
+class FailoverReport:
+    """One failover and the slots it touched (instants relative to its cut)."""
+
+    number: int
+    at_s: float
+    unavailable_s: float
+    behind_ms: float
+    behind_bytes: int
+    timeline: int
+    standby_rebuilt_s: float
+    sent_twice: int = 0
+    executed_twice: int = 0
+    lost: int = 0
+    #: the doubled slots' instants, seconds before (-) or after the cut
+    doubled_from_s: float | None = None
+    doubled_to_s: float | None = None
+    longest_gap_s: float = 0.0
+
+
+@dataclass
+class ModeReport:
+    mode: str
+    lag_ms: float
+    window_s: float
+    slots_due: int
+    messages: int
+    sent_twice: int
+    sent_more: int
+    executed: int
+    executed_twice: int
+    lost: int
+    not_executed: int
+    longest_gap_s: float
+    #: copies of one slot all had the slot's deterministic task id
+    same_task_ids: bool
+    #: repeated deliveries the worker's SingletonTask dropped (its log)
+    dropped_by_worker: int
+    #: messages the worker's retries sent again (not counted as sent)
+    retried_by_worker: int = 0
+    #: publishes of doubled slots as the replicas logged them: "won" / "took over"
+    doubled_how: dict[str, int] = field(default_factory=dict)
+    failovers: list[FailoverReport] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class Run:
+    """One mode: the topology, the failovers, the verdict."""
+
+    def __init__(self, mode: str, config: Config) -> None:
+        self.mode = mode
+        self.config = config
+        self.lag = (config.lag_ms if mode == "async" else config.sync_lag_ms) / 1000
+        self.rng = random.Random(f"{config.seed}-{mode}")
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"bench-failover-{mode}-"))
+        self.group = BeatGroup(self.workdir)
+        self.record = self.workdir / "record.jsonl"
+        self.prefix = f"fo{uuid.uuid4().hex[:8]}_"
+        self.queue = f"sbq-{uuid.uuid4().hex}"
+        self.mirror = f"{self.queue}-mirror"
+        self.pair = FailoverPair(mode, self.lag)
+        self.reader: RedisQueueReader | None = None
+        self.beats: list[BeatProcess] = []
+        self.worker: BeatProcess | None = None
+        self.rebuilt: list[float] = []
+        self.t0 = time.monotonic()
+        self.t0_wall = time.time()
+
+    def say(self, message: str) -> None:
+        print(f"[{self.mode} {time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
+
+    def _bind_mirror(self) -> None:
+        """Bind the reader's queue to the tasks' exchange with their routing key,
+        declared as Celery declares its default queue: Redis then puts every
+        message published to the tasks' queue into the reader's too."""
+        from kombu import Connection, Exchange
+        from kombu import Queue as KombuQueue
+
+        with Connection(self.config.redis_url) as conn:
+            channel = conn.channel()
+            exchange = Exchange(self.queue, type="direct")
+            for name in (self.queue, self.mirror):
+                KombuQueue(name, exchange, routing_key=self.queue)(channel).declare()
+
+    def setup(self) -> None:
+        self.pair.start()
+        self.say(
+            f"primary :{self.pair.primary.port if self.pair.primary else '?'}, standby "
+            f"streaming (lag {self.lag * 1000:g} ms), address :{self.pair.url.rsplit(':', 1)[1]}"
+        )
+        self._bind_mirror()
+        self.reader = RedisQueueReader(self.config.redis_url, self.mirror)
+        self.reader.start()
+        pythonpath = os.pathsep.join(
+            p for p in (str(ACCEPTANCE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        common = {
+            "PYTHONPATH": pythonpath,
+            "SB_BROKER": self.config.redis_url,
+            "SB_URL": self.pair.url,
+            "SB_PREFIX": self.prefix,
+            "SB_QUEUE": self.queue,
+        }
+        self.worker = self.group.start_worker(
+            {**common, "SB_RECORD": str(self.record), "SB_TTL": "5"},
+            "worker",
+            app="singletonapp",
+            concurrency=2,
+        )
+        wait_ready(self.worker, timeout=90)
+        beat_env = {
+            **common,
+            "SB_ENTRIES": str(self.config.entries),
+            "SB_EVERY": "1",
+            "SB_LOOP": "1",
+            "SB_TASK": TASK,
+            # through the exchange, so that the reader's queue gets a copy
+            "SB_VIA_EXCHANGE": "1",
+        }
+        self.beats = [
+            self.group.start_beat(beat_env, f"beat-{i}") for i in range(self.config.replicas)
+        ]
+        wait_for(
+            lambda: all(self._connected(b) for b in self.beats),
+            90,
+            "every replica to connect",
+            interval=0.2,
+        )
+        self.say(f"{len(self.beats)} replicas and a worker connected")
+
+    @staticmethod
+    def _connected(beat: BeatProcess) -> bool:
+        if not beat.alive():
+            raise RuntimeError(f"{beat.name} exited:\n{beat.log()[-3000:]}")
+        return "connected to" in beat.log()
+
+    def _alive(self) -> None:
+        for proc in [*self.beats, *([self.worker] if self.worker else [])]:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._alive()
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _recovered(self, after_s: float) -> bool:
+        assert self.reader is not None
+        self._alive()
+        after_us = after_s * US
+        entries = {m.entry for m in self.reader.messages() if m.at_us > after_us}
+        return len(entries) >= self.config.entries
+
+    def failovers(self) -> None:
+        self._sleep(self.rng.uniform(*WARMUP))
+        for _ in range(self.config.failovers):
+            # a random point within the second the slots fall due on
+            self._sleep(1.0 - time.time() % 1.0 + self.rng.random())
+            record = self.pair.failover()
+            self.say(
+                f"failover {record.number}: unavailable {record.unavailable_s:.3f}s, standby "
+                f"{record.behind_ms:.0f} ms / {record.behind_bytes} bytes behind, "
+                f"timeline {record.timeline}"
+            )
+            wait_for(
+                lambda r=record: self._recovered(r.moved_at + RECOVERED_AFTER_S),  # type: ignore[misc]
+                60,
+                "every entry in the broker again",
+                interval=0.2,
+            )
+            started = time.monotonic()
+            self.pair.add_standby()
+            self.rebuilt.append(time.monotonic() - started)
+            self.say(f"new standby streaming after {self.rebuilt[-1]:.1f}s")
+            self._sleep(self.rng.uniform(*STEADY))
+
+    def sent_by_beat(self, messages: list[Received]) -> tuple[list[Received], int]:
+        """Split what the reader took into the replicas' publishes and the
+        worker's: a SingletonTask that finds its key busy (or the database
+        away) retries, and Celery's retry sends the same task id again through
+        the same exchange, so the reader gets that copy too. A retry's message
+        says so in its ``retries`` header; a beat's publish always has 0."""
+        assert self.reader is not None
+        raw = self.reader.raw
+        assert len(raw) == len(messages)
+        beat, retried = [], 0
+        for text, message in zip(raw, messages):
+            if int(json.loads(text)["headers"].get("retries") or 0) == 0:
+                beat.append(message)
+            else:
+                retried += 1
+        return beat, retried
+
+    def finish(self, window_from_us: int) -> tuple[int, list[Received]]:
+        """Stop sending, let the worker execute what is queued, stop it; return
+        the end of the judged window and every message the reader took."""
+        assert self.reader is not None and self.worker is not None
+        upto_us = int(time.time() * US) - US
+        # every slot up to upto_us sent (or it never will be: judged as lost)
+        wanted = self._due(window_from_us, upto_us)
+        try:
+            wait_for(
+                lambda: wanted <= {m.slot for m in self.reader.messages()},  # type: ignore[union-attr]
+                20,
+                "every slot due in the broker",
+                interval=0.5,
+            )
+        except AssertionError as exc:
+            self.say(str(exc))
+        for beat in self.beats:
+            beat.stop(15)
+        try:
+            wait_for(
+                lambda: wanted <= self._executed_slots(),
+                30,
+                "the worker to execute every slot due",
+                interval=0.5,
+            )
+        except AssertionError as exc:
+            self.say(str(exc))
+        self.worker.stop(20)
+        return upto_us, self.reader.finish()
+
+    def _due(self, from_us: int, upto_us: int) -> set[tuple[str, int]]:
+        anchors = Db(self.pair.primary_url, self.prefix)
+        try:
+            found = anchors.anchors()
+        finally:
+            anchors.engine.dispose()
+        return {
+            (entry, at)
+            for entry, anchor in found.items()
+            for at in interval_slots(anchor, PERIOD_US, upto_us)
+            if at > from_us
+        }
+
+    def _executed_slots(self) -> set[tuple[str, int]]:
+        return {e.slot for e in executions(read_records(self.record), task=TASK) if e.slot}
+
+    def run(self) -> ModeReport:
+        try:
+            self.setup()
+            window_from_us = int(time.time() * US) + US
+            self.failovers()
+            self._sleep(3.0)
+            upto_us, messages = self.finish(window_from_us)
+            return self.judge(window_from_us, upto_us, messages)
+        finally:
+            self.close()
+
+    def judge(self, from_us: int, upto_us: int, messages: list[Received]) -> ModeReport:
+        due = self._due(from_us, upto_us)
+        messages, retried = self.sent_by_beat(messages)
+        copies = Counter(m.slot for m in messages)
+        first: dict[tuple[str, int], float] = {}
+        for m in messages:
+            first[m.slot] = min(first.get(m.slot, m.received), m.received)
+        ran = Counter(
+            e.slot for e in executions(read_records(self.record), task=TASK) if e.slot is not None
+        )
+        twice = {s for s in due if copies[s] > 1}
+        ran_twice = {s for s in due if ran[s] > 1}
+        lost = {s for s in due if copies[s] == 0}
+        gaps = self._gaps(due, first)
+        how: Counter[str] = Counter()
+        doubled_ids = {slot_task_id(*s) for s in twice}
+        for beat in self.beats:
+            for m in SENT_LINE.finditer(beat.log()):
+                if m["task_id"] in doubled_ids:
+                    how[m["how"]] += 1
+        report = ModeReport(
+            mode=self.mode,
+            lag_ms=self.lag * 1000,
+            window_s=round((upto_us - from_us) / US, 1),
+            slots_due=len(due),
+            messages=sum(copies[s] for s in due),
+            sent_twice=len(twice),
+            sent_more=sum(1 for s in due if copies[s] > 2),
+            executed=sum(1 for s in due if ran[s]),
+            executed_twice=len(ran_twice),
+            lost=len(lost),
+            not_executed=sum(1 for s in due if ran[s] == 0),
+            longest_gap_s=round(max((g for _, _, g in gaps), default=0.0), 3),
+            same_task_ids=all(m.task_id == slot_task_id(m.entry, m.at_us) for m in messages),
+            dropped_by_worker=len(DROPPED_LINE.findall(self.worker.log() if self.worker else "")),
+            doubled_how=dict(how),
+            retried_by_worker=retried,
+        )
+        for s in sorted(lost)[:10]:
+            report.problems.append(f"lost: {s[0]}@{s[1]}")
+        for s in sorted(s for s in due if copies[s] > 2)[:10]:
+            report.problems.append(f"{copies[s]} copies: {s[0]}@{s[1]}")
+        for rec, rebuilt in zip(self.pair.failovers, self.rebuilt + [0.0] * 10):
+            report.failovers.append(self._per_failover(rec, rebuilt, twice, ran_twice, lost, gaps))
+        return report
+
+    @staticmethod
+    def _gaps(
+        due: set[tuple[str, int]], first: dict[tuple[str, int], float]
+    ) -> list[tuple[str, float, float]]:
+        """Per entry, each wait between consecutive due slots reaching the
+        broker: (entry, arrival of the later one, seconds). A lost slot makes
+        the wait span it."""
+        by_entry: dict[str, list[float]] = defaultdict(list)
+        for slot in sorted(due):
+            if slot in first:
+                by_entry[slot[0]].append(first[slot])
+        out = []
+        for entry, arrivals in by_entry.items():
+            arrivals.sort()
+            out.extend((entry, b, b - a) for a, b in zip(arrivals, arrivals[1:]))
+        return out
+
+    def _per_failover(
+        self,
+        rec: Failover,
+        rebuilt: float,
+        twice: set[tuple[str, int]],
+        ran_twice: set[tuple[str, int]],
+        lost: set[tuple[str, int]],
+        gaps: list[tuple[str, float, float]],
+    ) -> FailoverReport:
+        """The slots within 10 s of this failover's cut (they are 10 s apart at least)."""
+
+        def near(slot: tuple[str, int]) -> bool:
+            return abs(slot[1] / US - rec.cut_at) < 10
+
+        doubled = sorted(s[1] / US - rec.cut_at for s in twice if near(s))
+        return FailoverReport(
+            number=rec.number,
+            at_s=round(rec.cut_at - self.t0_wall, 1),
+            unavailable_s=round(rec.unavailable_s, 3),
+            behind_ms=rec.behind_ms,
+            behind_bytes=rec.behind_bytes,
+            timeline=rec.timeline,
+            standby_rebuilt_s=round(rebuilt, 1),
+            sent_twice=len(doubled),
+            executed_twice=sum(1 for s in ran_twice if near(s)),
+            lost=sum(1 for s in lost if near(s)),
+            doubled_from_s=round(doubled[0], 3) if doubled else None,
+            doubled_to_s=round(doubled[-1], 3) if doubled else None,
+            longest_gap_s=round(
+                max((g for _, at, g in gaps if abs(at - rec.cut_at) < 10), default=0.0), 3
+            ),
+        )
+
+    def close(self) -> None:
+        try:
+            self.group.stop_all()
+        finally:
+            if self.reader is not None:
+                self.reader.close()
+            self._delete_queues()
+            self.pair.close()
+            if not self.config.keep:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            else:
+                print(f"kept {self.workdir}")
+
+    def _delete_queues(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.config.redis_url)
+        try:
+            keys = [self.queue, self.mirror, f"_kombu.binding.{self.queue}"]
+            # kombu 5.7 also keeps declared bindings here, and their expiry in a zset
+            keys.append(f"_kombu.binding_permanent.{self.queue}")
+            client.zrem("_kombu.binding_deadlines", self.queue, self.mirror)
+            keys += [f"{q}\x06\x16{step}" for q in (self.queue, self.mirror) for step in (3, 6, 9)]
+            client.delete(*keys)
+        finally:
+            client.close()
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def machine(pg_version: str, redis_url: str) -> dict[str, Any]:
+    """bench_scheduler's machine description, with this rig's own servers."""
+    import redis
+    from bench_scheduler import machine as common
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        redis_server = str(client.info("server")["redis_version"])
+    finally:
+        client.close()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {**common(), "postgresql": pg_version, "redis_server": redis_server, "commit": commit}
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    body = [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join(
+        [
+            line,
+            rule,
+            *("| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in body),
+        ]
+    )
+
+
+def render(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    c = results["config"]
+    out = [
+        f"celery-singlebeat database failover (commit {m['commit']}, seed {c['seed']}, "
+        f"{c['failovers']} failovers per mode)",
+        f"machine: {m['nproc']} CPUs, {m['cpu']}, load {m['load_average_1m_at_start']} at start; "
+        f"Python {m['python']}, celery {m['celery']}, kombu {m['kombu']}, "
+        f"{m['postgresql']}, Redis {m['redis_server']}",
+        f"{c['replicas']} beat replicas, {c['entries']} entries every 1 s, 1 SingletonTask worker",
+        "",
+        table(
+            [
+                "mode", "link lag", "window", "slots due", "sent twice", "executed twice",
+                "lost", "not executed", "longest gap", "dropped by worker", "worker retries",
+            ],
+            [
+                [
+                    r["mode"], f"{r['lag_ms']:g} ms", f"{r['window_s']:g} s", r["slots_due"],
+                    r["sent_twice"], r["executed_twice"], r["lost"], r["not_executed"],
+                    f"{r['longest_gap_s']:.2f} s", r["dropped_by_worker"],
+                    r["retried_by_worker"],
+                ]
+                for r in results["modes"]
+            ],
+        ),
+        "",
+        table(
+            [
+                "mode", "failover", "at", "unavailable", "standby behind", "sent twice",
+                "doubled slots (vs cut)", "executed twice", "lost", "gap", "rebuild",
+            ],
+            [
+                [
+                    r["mode"], f["number"], f"{f['at_s']:g} s", f"{f['unavailable_s']:.3f} s",
+                    f"{f['behind_ms']:g} ms / {f['behind_bytes']} B", f["sent_twice"],
+                    "" if f["doubled_from_s"] is None
+                    else f"{f['doubled_from_s']:+.2f} .. {f['doubled_to_s']:+.2f} s",
+                    f["executed_twice"], f["lost"], f"{f['longest_gap_s']:.2f} s",
+                    f"{f['standby_rebuilt_s']:g} s",
+                ]
+                for r in results["modes"]
+                for f in r["failovers"]
+            ],
+        ),
+    ]  # fmt: skip
+    for r in results["modes"]:
+        if r["doubled_how"]:
+            out.append(f"{r['mode']}: publishes of doubled slots logged as {r['doubled_how']}")
+        if not r["same_task_ids"]:
+            out.append(f"{r['mode']}: a copy had a task id that is not its slot's")
+        out.extend(f"{r['mode']}: {p}" for p in r["problems"])
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument("--failovers", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--lag-ms", type=float, default=300.0, help="async mode: delay of the WAL link"
+    )
+    parser.add_argument(
+        "--sync-lag-ms", type=float, default=5.0, help="sync mode: delay of the WAL link"
+    )
+    parser.add_argument("--entries", type=int, default=50)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--redis-db", type=int, default=8, help="the shared Redis's DB (broker)")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "failover-latest.json")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folders and logs")
+    args = parser.parse_args(argv)
+    if args.failovers < 1:
+        parser.error("--failovers must be 1 or more")
+    redis_host = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
+    config = Config(
+        modes=list(MODES) if args.mode == "both" else [args.mode],
+        failovers=args.failovers,
+        seed=args.seed,
+        lag_ms=args.lag_ms,
+        sync_lag_ms=args.sync_lag_ms,
+        entries=args.entries,
+        replicas=args.replicas,
+        redis_url=f"{redis_host}/{args.redis_db}",
+        keep=args.keep,
+    )
+    started = datetime.now(timezone.utc)
+    reports = []
+    pg_version = ""
+    for mode in config.modes:
+        run = Run(mode, config)
+        reports.append(run.run())
+        pg_version = run.pair.primary.version if run.pair.primary else pg_version
+    results = {
+        "started": started.isoformat(timespec="seconds"),
+        "machine": machine(pg_version, config.redis_url),
+        "config": asdict(config),
+        "modes": [asdict(r) for r in reports],
+    }
+    print()
+    print(render(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""What a replica remembers so that a database failover does not double runs.
+
+A failover promotes a standby and moves the database's address. With
+asynchronous replication the standby may lack the last commits of the old
+primary: slot rows this replica claimed and confirmed, whose sends happened,
+are gone. Another replica's fallback proposal (or a sweep) would then win
+those slots again and send them a second time.
+
+So each replica keeps the slots it confirmed during the last
+``singlebeat_failover_window`` (:class:`SentJournal`), and after any broken
+connection (:attr:`Store.interruptions <celery_singlebeat.store.base.Store.interruptions>`)
+writes them again (:meth:`Store.reassert
+<celery_singlebeat.store.base.Store.reassert>`) before it proposes anything
+old. Meanwhile it holds its fallback proposals and sweeps for
+:func:`hold_seconds`: long enough for every other live replica, which saw the
+same broken connection, to write its own again first. docs/guarantees.md,
+"Database failover", says what this leaves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from .store.base import Claim
+
+#: added to a sweep interval in :func:`hold_seconds`: a busy replica's tick
+#: and one reconnect (the store retries a broken connection for up to 2 s)
+HOLD_MARGIN_S = 2.0
+
+
+def hold_seconds(sweep_every_s: float) -> float:
+    """How long fallback proposals and sweeps wait after a broken connection.
+
+    Every replica touches the database at least once a sweep (its heartbeat),
+    and it writes its sent slots again at its first round trip after the
+    break: so a sweep interval and a margin after our own reconnect, the
+    others' have landed.
+    """
+    return sweep_every_s + HOLD_MARGIN_S
+
+
+class SentJournal:
+    """The claims this replica confirmed during the ``window_s`` seconds
+    before its last confirm (local monotonic time), in batches as confirmed.
+
+    Memory is bounded by the rate of sends times the window (10,000 slots a
+    second for 10 s: 100,000 claims).
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._batches: deque[tuple[float, tuple[Claim, ...]]] = deque()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, claims: Iterable[Claim], at: float) -> None:
+        """Remember ``claims``, confirmed at monotonic instant ``at``."""
+        if self.window_s <= 0:
+            return
+        batch = tuple(claims)
+        if batch:
+            self._batches.append((at, batch))
+            self._count += len(batch)
+        self._trim(at)
+
+    def recent(self) -> list[Claim]:
+        """The claims confirmed within the window before the last confirm,
+        oldest first. Measured from the last confirm, not from now: a failover
+        loses the commits just before the old primary died, however long the
+        promotion took."""
+        return [claim for _, batch in self._batches for claim in batch]
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._batches and self._batches[0][0] < horizon:
+            self._count -= len(self._batches.popleft()[1])

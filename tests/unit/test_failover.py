@@ -1,0 +1,105 @@
+"""A failover to a standby that lagged: the replicas write back what it lost.
+
+Three replicas share the memory store and split 60 entries (test_sharing's
+rounds). Each sends its share of a slot; then the store forgets every write
+since just before it (``MemoryStore.lose_writes``: what a promoted standby
+lacks) and counts a broken connection. The replicas then tick in an order in
+which the others' fallback proposals come first: without the journal they win
+the lost slots again and send them twice; with it, nothing is sent twice and
+nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from test_scheduler import SECOND, Harness, every, harness_for, monotonic_shift  # noqa: F401
+from test_sharing import FALLBACK, _round, _sharing
+
+from celery_singlebeat.failover import SentJournal, hold_seconds
+from celery_singlebeat.store.base import Claim
+from celery_singlebeat.testing import MemoryScheduler
+
+ENTRIES = 60
+
+
+def _fail_over(
+    harness: Harness, replicas: list[MemoryScheduler], shift: list[float]
+) -> Counter[tuple[str, int]]:
+    """One slot sent, its writes lost, then the fleet ticks on past the hold:
+    how many times each (entry, slot) of that slot and the next reached the broker."""
+    harness.clock.advance(SECOND - FALLBACK)
+    slot_us = harness.t0_us
+    for replica in replicas:
+        replica.tick()  # each sends its share of the slot
+    harness.store.lose_writes(slot_us - 1)
+    harness.clock.advance(FALLBACK)
+    for replica in replicas[1:] + replicas[:1]:  # the fallbacks of r0's share first
+        replica.tick()
+    # past the hold: every replica has written its own again, the fallbacks go on
+    shift[0] += hold_seconds(replicas[0]._sweep_every) + 0.1
+    _round(harness, replicas)
+    return Counter((m.entry, m.at_us) for m in harness.drain() if m.at_us <= slot_us + 1_000_000)
+
+
+def test_the_slots_a_failover_lost_are_written_again_not_sent_twice(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    harness = harness_for({f"job-{i:02d}": every(1) for i in range(ENTRIES)})
+    shift = monotonic_shift(monkeypatch)
+    replicas = _sharing(harness, 3)
+    caplog.set_level(logging.ERROR, logger="celery_singlebeat")
+    sent = _fail_over(harness, replicas, shift)
+    assert len(sent) == 2 * ENTRIES  # the lost slot and the next: none lost
+    assert max(sent.values()) == 1, [key for key, n in sent.items() if n > 1]
+    # each replica wrote back its own share and said so once, at ERROR
+    lost = sum(r.stats["lost_writes"] for r in replicas)
+    assert lost == ENTRIES
+    errors = [r for r in caplog.records if getattr(r, "decision", None) == "lost_writes"]
+    assert len(errors) == 3
+    assert all(
+        "a failover to a standby that had not received them" in r.getMessage() for r in errors
+    )
+    assert sorted(r.count for r in errors) == sorted(r.stats["lost_writes"] for r in replicas)
+    rows = {(row.entry, row.slot_us): row for row in harness.store.slot_rows()}
+    assert all(row.state == 1 for row in rows.values())
+
+
+def test_without_the_journal_the_fallbacks_send_the_lost_slots_again(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: the same failover with singlebeat_failover_window = 0."""
+    harness = harness_for({f"job-{i:02d}": every(1) for i in range(ENTRIES)})
+    shift = monotonic_shift(monkeypatch)
+    replicas = _sharing(harness, 3)
+    for replica in replicas:
+        replica.settings = replace(replica.settings, failover_window=timedelta(0))
+        replica._journal = SentJournal(0)
+    sent = _fail_over(harness, replicas, shift)
+    assert len(sent) == 2 * ENTRIES
+    doubled = [key for key, n in sent.items() if n > 1]
+    # r0's share, proposed again by the fallbacks that ticked before it
+    assert doubled and all(n <= 2 for n in sent.values())
+    assert sum(r.stats["lost_writes"] for r in replicas) == 0
+
+
+def test_the_journal_keeps_the_window_before_the_last_confirm() -> None:
+    journal = SentJournal(10.0)
+    journal.add([Claim("a", 1, 1)], at=100.0)
+    journal.add([Claim("b", 2, 1), Claim("c", 2, 1)], at=105.0)
+    assert len(journal) == 3
+    journal.add([Claim("d", 3, 1)], at=112.0)  # a's batch is now older than 10 s
+    assert journal.recent() == [Claim("b", 2, 1), Claim("c", 2, 1), Claim("d", 3, 1)]
+    # however long the outage after it: the window is measured from the last confirm
+    assert len(journal.recent()) == 3
+    off = SentJournal(0)
+    off.add([Claim("a", 1, 1)], at=1.0)
+    assert off.recent() == [] and len(off) == 0
