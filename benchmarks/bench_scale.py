@@ -86,7 +86,7 @@ class ScalePlan:
         # the sharing settle (seconds) before the counted window starts.
         rates = replace(Plan.make(quick), rate_warmup=5 if quick else 8)
         if quick:
-            return cls(True, (5000,), 20_000, 2_000, 8.0, 1, 6.0, rates)
+            return cls(True, (5000,), 10_000, 2_000, 8.0, 1, 4.0, rates)
         return cls(False, (5000, 10_000), 100_000, 10_000, 15.0, 1, 30.0, rates)
 
 

@@ -38,6 +38,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+#: the celery_singlebeat the replicas import: this tree's, unless bench_fleet.py
+#: points it at another commit's to measure before and after in one run
+PACKAGE_ROOT = Path(os.environ.get("BENCH_PACKAGE_ROOT") or ROOT)
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 PG_URL = os.environ.get("SB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -229,7 +232,9 @@ class Scenario:
         self.workdir = tempfile.mkdtemp(prefix=f"bench-{kind}-")
         self.env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join(
+                [os.environ.get("PYTHONPATH", ""), str(HERE), str(PACKAGE_ROOT)]
+            ),
             "BENCH_SCHEDULER": kind,
             "BENCH_BROKER": config.broker_url,
             "BENCH_QUEUE": self.queue,

@@ -8,24 +8,70 @@ algorithm and its guarantees.
 
 from __future__ import annotations
 
-from .exceptions import (
-    ConfigurationError,
-    LeaseLost,
-    ScheduleError,
-    SchemaError,
-    SingleBeatError,
-    SingletonBusy,
-    SingletonKeyError,
-    StoreUnavailable,
-)
-from .scheduler import SingleBeatScheduler
-from .schema_admin import create_schema
-from .singleton import Singleton, SingletonTask
+from ._version import __version__
 
-__version__ = "0.1.0"
+# The public names are imported on first use (PEP 562), not here: importing
+# the package used to import Celery and SQLAlchemy (about half a second of
+# CPU), and the exec health probe (``python -m celery_singlebeat health``),
+# which a kubelet runs every few seconds, needs neither (nor typing: mypy
+# reads any name TYPE_CHECKING as typing's).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .exceptions import (
+        ConfigurationError,
+        ControlError,
+        LeaseLost,
+        ScheduleError,
+        SchemaError,
+        SingleBeatError,
+        SingletonBusy,
+        SingletonKeyError,
+        StoreUnavailable,
+    )
+    from .scheduler import SingleBeatScheduler
+    from .schema_admin import create_schema
+    from .singleton import Singleton, SingletonTask
+
+
+#: public name -> the module (relative to this package) that defines it
+_LAZY = {
+    "ConfigurationError": ".exceptions",
+    "ControlError": ".exceptions",
+    "LeaseLost": ".exceptions",
+    "ScheduleError": ".exceptions",
+    "SchemaError": ".exceptions",
+    "SingleBeatError": ".exceptions",
+    "SingletonBusy": ".exceptions",
+    "SingletonKeyError": ".exceptions",
+    "StoreUnavailable": ".exceptions",
+    "SingleBeatScheduler": ".scheduler",
+    "create_schema": ".schema_admin",
+    "Singleton": ".singleton",
+    "SingletonTask": ".singleton",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    # cached: the next access is a plain attribute, not another call
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ConfigurationError",
+    "ControlError",
     "LeaseLost",
     "ScheduleError",
     "SchemaError",

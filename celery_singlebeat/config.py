@@ -31,11 +31,254 @@ DEFAULT_MAX_LOOP_INTERVAL = timedelta(seconds=5)
 
 SUPPORTED_BACKENDS = ("postgresql", "mysql", "mariadb", "sqlite")
 
+#: ``singlebeat_http_bind``'s default: every interface, because the kubelet's
+#: probes and Prometheus reach a pod at its pod IP, never at its 127.0.0.1.
+DEFAULT_HTTP_BIND = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The definition of one setting: what the parser reads and the docs show.
+
+    :data:`SETTINGS` is the only list of settings: :meth:`Settings.from_conf`
+    reads each through :func:`read_setting`, which refuses a name not defined there,
+    and the configuration reference of the docs is rendered from it
+    (``docs/_ext/singlebeat_settings.py``).
+    """
+
+    #: the key in the Celery app's configuration (``app.conf``)
+    name: str
+    #: what it accepts, for people
+    type: str
+    #: what :func:`read_setting` answers when the key is unset; None also where the
+    #: parser computes the default (``default_doc`` then says how)
+    default: Any
+    #: one sentence (Markdown) on what it does
+    meaning: str
+    #: the default as the docs show it, when ``repr(default)`` would not say it
+    default_doc: str | None = None
+    #: also accepted in a ``beat_schedule`` entry's ``options``, overriding it there
+    entry_option: bool = False
+    #: who reads it: ``"beat"`` (every replica), ``"celery"`` (Celery's own
+    #: setting, with our reading of it) or ``"testing"`` (the in-memory scheduler)
+    scope: str = "beat"
+
+    @property
+    def shown_default(self) -> str:
+        """The default, as the configuration reference prints it."""
+        return self.default_doc if self.default_doc is not None else f"`{self.default!r}`"
+
+
+#: Every setting celery-singlebeat reads, in the order the reference lists them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "singlebeat_url",
+        "str or `sqlalchemy.URL`",
+        DEFAULT_URL,
+        "The coordination database: an SQLAlchemy URL of PostgreSQL, MySQL/MariaDB or "
+        'SQLite, or `"django://<alias>"` for one of Django\'s `DATABASES`.',
+    ),
+    Setting(
+        "singlebeat_lease",
+        "duration",
+        15,
+        "How long a claim keeps other replicas off a slot while its winner publishes. "
+        "At least 1 s and longer than `beat_max_loop_interval`.",
+        default_doc="`15` (s)",
+    ),
+    Setting(
+        "singlebeat_retention",
+        "duration",
+        900,
+        "Sent slot rows younger than this are kept; older ones are pruned. At least four "
+        "times the lease.",
+        default_doc="`900` (s)",
+    ),
+    Setting(
+        "singlebeat_failover_window",
+        "duration",
+        10,
+        "How far back a replica remembers the slots it sent, to write them again after "
+        "its connection to the database broke (a failover to a standby that had not "
+        "received them); `0` turns it off. At most half the retention.",
+        default_doc="`10` (s)",
+    ),
+    Setting(
+        "singlebeat_missed_policy",
+        "`coalesce`, `skip` or `all`",
+        "coalesce",
+        "What to send of slots that are due but later than the grace.",
+        entry_option=True,
+    ),
+    Setting(
+        "singlebeat_missed_grace",
+        "duration",
+        5,
+        "A slot is on time while it is at most this late.",
+        default_doc="`5` (s)",
+        entry_option=True,
+    ),
+    Setting(
+        "singlebeat_missed_max",
+        "int ≥ 1",
+        100,
+        "With `all`, send at most this many of the most recent missed slots per entry.",
+        entry_option=True,
+    ),
+    Setting(
+        "singlebeat_create_schema",
+        "bool",
+        True,
+        "Create missing tables at start-up. `False`: only check, and stop if they are missing.",
+    ),
+    Setting(
+        "singlebeat_table_prefix",
+        "str (SQL identifier, ≤ 30 characters)",
+        "singlebeat_",
+        "Prefix of the table names; processes coordinate with every process using the same "
+        "database and prefix.",
+    ),
+    Setting(
+        "singlebeat_takeover_batch",
+        "int ≥ 1",
+        500,
+        "How many abandoned claims (released after a failed publish, or left by a replica "
+        "that died) one sweep of one replica takes over and publishes at most, oldest first.",
+    ),
+    Setting(
+        "singlebeat_engine_options",
+        "dict",
+        None,
+        "Extra keyword arguments for `sqlalchemy.create_engine`, on top of the defaults.",
+        default_doc="`{}`",
+    ),
+    Setting(
+        "singlebeat_run_retention",
+        "duration",
+        7 * 86_400,
+        "SingletonTask: finished run rows (per-slot dedupe) and idle key rows are kept this "
+        "long; at least one hour.",
+        default_doc="`604800` (s, 7 days)",
+    ),
+    Setting(
+        "singlebeat_replica_id",
+        "str (≤ 120 characters)",
+        None,
+        "This replica's name in the database and the logs; unique per running process.",
+        default_doc='`"<host>:<pid>:<random>"`',
+    ),
+    Setting(
+        "singlebeat_listen",
+        "bool",
+        True,
+        "PostgreSQL: hear of pauses, resumes and run-now requests at once (LISTEN/NOTIFY on "
+        "one extra connection). Turn off behind a pooler in transaction mode.",
+    ),
+    Setting(
+        "singlebeat_http_port",
+        "int (1-65535) or None",
+        None,
+        "The beat process's HTTP listener for `/livez`, `/readyz` and `/metrics`; `None`: no "
+        "listener.",
+        default_doc="`None` (off)",
+    ),
+    Setting(
+        "singlebeat_http_bind",
+        "str (an address)",
+        DEFAULT_HTTP_BIND,
+        "The address the HTTP listener binds: every interface, since probes and Prometheus "
+        "reach the pod IP.",
+    ),
+    Setting(
+        "singlebeat_status_file",
+        "path or None",
+        None,
+        "A file the loop keeps fresh for the exec probe (`python -m celery_singlebeat health`).",
+        default_doc="`None` (off)",
+    ),
+    Setting(
+        "singlebeat_liveness_timeout",
+        "duration or None",
+        None,
+        "Live while the loop ended a tick this recently. Longer than 10 s and than the loop "
+        "interval.",
+        default_doc="`max(60, 2 * lease + 30)` (s)",
+    ),
+    Setting(
+        "singlebeat_readiness_timeout",
+        "duration or None",
+        None,
+        "Ready while the last successful statement is this recent (and no outage). Longer "
+        "than the sweep period.",
+        default_doc="`3 * max(0.5, lease / 3) + 2` (s, 17 by default)",
+    ),
+    Setting(
+        "singlebeat_metrics",
+        "bool or None",
+        None,
+        "Prometheus series: `True` requires them, `False` turns them off; `None`: on where "
+        "they can be served and `prometheus_client` is installed.",
+    ),
+    Setting(
+        "singlebeat_metrics_entry_label",
+        "bool",
+        True,
+        "Whether beat's slot counters carry an `entry` label.",
+    ),
+    Setting(
+        "singlebeat_metrics_registry",
+        "`prometheus_client.CollectorRegistry` or None",
+        None,
+        "The registry the series go to.",
+        default_doc="`None` (a dedicated one)",
+    ),
+    Setting(
+        "beat_max_loop_interval",
+        "duration",
+        0,
+        "Celery's setting (or `celery beat --max-interval`): the longest sleep between two "
+        "ticks. Must stay below `singlebeat_lease`.",
+        default_doc=f"`0`: {DEFAULT_MAX_LOOP_INTERVAL.total_seconds():g} s for this scheduler",
+        scope="celery",
+    ),
+    Setting(
+        "singlebeat_memory_store",
+        "`celery_singlebeat.testing.MemoryStore` or None",
+        None,
+        "Read only by `celery_singlebeat.testing.MemoryScheduler`: the in-memory store its "
+        "replicas share.",
+        default_doc="`None` (one store per scheduler)",
+        scope="testing",
+    ),
+)
+
+#: name -> definition
+SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+
+#: the keys a ``beat_schedule`` entry's ``options`` may carry for us
+ENTRY_OPTIONS: frozenset[str] = frozenset(s.name for s in SETTINGS if s.entry_option)
+
+
+def setting_default(name: str) -> Any:
+    """The defined default of setting ``name`` (KeyError if it is not defined)."""
+    return SETTINGS_BY_NAME[name].default
+
+
+def read_setting(conf: Mapping[str, Any], name: str) -> Any:
+    """Setting ``name`` from ``conf``, or its defined default when unset.
+
+    The only way the package reads a setting: a name missing from
+    :data:`SETTINGS` raises KeyError at once, so the reference cannot lack a
+    setting the code reads.
+    """
+    return conf.get(name, SETTINGS_BY_NAME[name].default)
+
+
 #: ``singlebeat_table_prefix``: an unquoted SQL identifier start, 30 characters at most.
 _TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 
 
-def _duration(name: str, value: Any) -> timedelta:
+def _duration(name: str, value: Any, allow_zero: bool = False) -> timedelta:
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -47,13 +290,108 @@ def _duration(name: str, value: Any) -> timedelta:
         raise ConfigurationError(
             f"{name}={value!r}: expected a datetime.timedelta or a number of seconds"
         )
-    if result <= timedelta(0):
-        raise ConfigurationError(f"{name}={value!r}: must be positive")
+    if result < timedelta(0) or (result == timedelta(0) and not allow_zero):
+        raise ConfigurationError(
+            f"{name}={value!r}: must be " + ("0 or more" if allow_zero else "positive")
+        )
     return result
 
 
 def _us(value: timedelta) -> int:
     return value // timedelta(microseconds=1)
+
+
+def _flag(conf: Mapping[str, Any], name: str) -> bool:
+    flag = read_setting(conf, name)
+    if not isinstance(flag, bool):
+        raise ConfigurationError(f"{name}={flag!r}: expected True or False")
+    return flag
+
+
+def _observing(conf: Mapping[str, Any], lease: timedelta, max_loop: timedelta) -> dict[str, Any]:
+    """The health and metrics settings (docs/configuration.md says why each
+    default is what it is; health.py derives the bounds)."""
+    from . import health
+
+    port = read_setting(conf, "singlebeat_http_port")
+    if port is not None and (
+        not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535
+    ):
+        raise ConfigurationError(
+            f"singlebeat_http_port={port!r}: expected a TCP port (an integer 1-65535), "
+            "or None for no HTTP listener"
+        )
+    bind = read_setting(conf, "singlebeat_http_bind") or DEFAULT_HTTP_BIND
+    if not isinstance(bind, str):
+        raise ConfigurationError(
+            f"singlebeat_http_bind={bind!r}: expected an address such as 0.0.0.0, :: or 10.0.0.5"
+        )
+    status_file = read_setting(conf, "singlebeat_status_file")
+    if status_file is not None:
+        if not isinstance(status_file, (str, os.PathLike)) or not os.fspath(status_file):
+            raise ConfigurationError(
+                f"singlebeat_status_file={status_file!r}: expected a file path, or None"
+            )
+        status_file = os.fspath(status_file)
+    lease_s = lease.total_seconds()
+    raw_live = read_setting(conf, "singlebeat_liveness_timeout")
+    if raw_live is None:
+        liveness = timedelta(seconds=health.default_liveness_timeout_s(lease_s))
+    else:
+        liveness = _duration("singlebeat_liveness_timeout", raw_live)
+        # In an outage the loop sleeps up to the backoff between ticks, and when
+        # idle up to the loop interval: a shorter bound would fail (and restart)
+        # every replica in any database outage, which liveness must never do.
+        floor = max(max_loop.total_seconds(), health.OUTAGE_BACKOFF_MAX_S)
+        if liveness.total_seconds() <= floor:
+            raise ConfigurationError(
+                f"singlebeat_liveness_timeout ({liveness.total_seconds():g}s) must be longer "
+                f"than {floor:g}s: the loop sleeps that long between ticks in a database "
+                "outage (backoff up to 10s) or when idle (beat_max_loop_interval), and an "
+                "outage must not fail liveness"
+            )
+    raw_ready = read_setting(conf, "singlebeat_readiness_timeout")
+    sweep = health.sweep_period_s(lease_s)
+    if raw_ready is None:
+        readiness = timedelta(seconds=health.default_readiness_timeout_s(lease_s))
+    else:
+        readiness = _duration("singlebeat_readiness_timeout", raw_ready)
+        if readiness.total_seconds() <= sweep:
+            raise ConfigurationError(
+                f"singlebeat_readiness_timeout ({readiness.total_seconds():g}s) must be longer "
+                f"than the sweep period ({sweep:g}s, a third of singlebeat_lease): a replica "
+                "with nothing due talks to the database only that often"
+            )
+    metrics = read_setting(conf, "singlebeat_metrics")
+    if metrics is not None and not isinstance(metrics, bool):
+        raise ConfigurationError(
+            f"singlebeat_metrics={metrics!r}: expected True, False or None (on when "
+            "singlebeat_http_port is set and prometheus_client is installed)"
+        )
+    if metrics:
+        from importlib.util import find_spec
+
+        if find_spec("prometheus_client") is None:
+            raise ConfigurationError(
+                "singlebeat_metrics=True needs prometheus_client: install the metrics "
+                "extra, pip install 'celery-singlebeat[metrics]'"
+            )
+    registry = read_setting(conf, "singlebeat_metrics_registry")
+    if registry is not None and not callable(getattr(registry, "register", None)):
+        raise ConfigurationError(
+            f"singlebeat_metrics_registry={registry!r}: expected a prometheus_client "
+            "CollectorRegistry (e.g. prometheus_client.REGISTRY), or None for a dedicated one"
+        )
+    return {
+        "http_port": port,
+        "http_bind": bind,
+        "status_file": status_file,
+        "liveness_timeout": liveness,
+        "readiness_timeout": readiness,
+        "metrics": metrics,
+        "metrics_entry_label": _flag(conf, "singlebeat_metrics_entry_label"),
+        "metrics_registry": registry,
+    }
 
 
 def default_replica_id() -> str:
@@ -99,10 +437,31 @@ class Settings:
     replica_id: str
     max_loop_interval: timedelta
     #: how many expired claims one sweep takes over at most.
-    takeover_batch: int = 500
+    takeover_batch: int = setting_default("singlebeat_takeover_batch")
+    #: how far back the slots a replica sent are written again after a broken
+    #: connection (scheduler: docs/guarantees.md, "Database failover")
+    failover_window: timedelta = timedelta(seconds=setting_default("singlebeat_failover_window"))
     #: SingletonTask: finished run rows (per-slot dedupe) and idle key rows are
     #: kept this long; a slot delivered again later than this runs again.
-    run_retention: timedelta = timedelta(days=7)
+    run_retention: timedelta = timedelta(seconds=setting_default("singlebeat_run_retention"))
+    #: PostgreSQL: hear of control changes at once (LISTEN/NOTIFY) on one extra
+    #: connection; off behind a pooler in transaction mode, which cannot carry it
+    listen: bool = setting_default("singlebeat_listen")
+    #: the HTTP listener (/livez, /readyz, /metrics): port (None: off) and address
+    http_port: int | None = None
+    http_bind: str = DEFAULT_HTTP_BIND
+    #: the exec probe's status file (None: off)
+    status_file: str | None = None
+    #: the loop must have ended a tick this recently to be live
+    liveness_timeout: timedelta = timedelta(seconds=60)
+    #: a successful database round trip this recent (and no outage) to be ready
+    readiness_timeout: timedelta = timedelta(seconds=17)
+    #: Prometheus metrics: True, False, or None (on when it can be served)
+    metrics: bool | None = None
+    #: whether beat's slot counters carry an ``entry`` label
+    metrics_entry_label: bool = setting_default("singlebeat_metrics_entry_label")
+    #: the prometheus_client registry the series go to (None: a dedicated one)
+    metrics_registry: Any = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,7 +505,7 @@ class Settings:
         caller knows it (``celery beat --max-interval``); otherwise it is read
         from ``beat_max_loop_interval``.
         """
-        raw_url = conf.get("singlebeat_url") or DEFAULT_URL
+        raw_url = read_setting(conf, "singlebeat_url") or DEFAULT_URL
         if isinstance(raw_url, str) and raw_url.startswith("django://"):
             from .contrib.django import SCHEME, database_url
 
@@ -173,13 +532,13 @@ class Settings:
                 "beat processes; use a file, e.g. sqlite:///celery-singlebeat.sqlite"
             )
 
-        lease = _duration("singlebeat_lease", conf.get("singlebeat_lease", 15))
+        lease = _duration("singlebeat_lease", read_setting(conf, "singlebeat_lease"))
         if lease < timedelta(seconds=1):
             raise ConfigurationError(
                 f"singlebeat_lease={lease.total_seconds()}s: must be at least 1 second"
             )
         # 0 is Celery's default for beat_max_loop_interval and means "the scheduler's own".
-        loop = max_loop_interval or conf.get("beat_max_loop_interval")
+        loop = max_loop_interval or read_setting(conf, "beat_max_loop_interval")
         max_loop = (
             DEFAULT_MAX_LOOP_INTERVAL if not loop else _duration("beat_max_loop_interval", loop)
         )
@@ -190,24 +549,39 @@ class Settings:
                 "for abandoned claims once per loop, so a shorter lease cannot be honoured. "
                 "Raise singlebeat_lease or lower beat_max_loop_interval."
             )
-        retention = _duration("singlebeat_retention", conf.get("singlebeat_retention", 900))
+        retention = _duration("singlebeat_retention", read_setting(conf, "singlebeat_retention"))
         if retention < lease * 4:
             raise ConfigurationError(
                 f"singlebeat_retention ({retention.total_seconds():g}s) must be at least four "
                 f"times singlebeat_lease ({lease.total_seconds():g}s)"
             )
+        failover_window = _duration(
+            "singlebeat_failover_window",
+            read_setting(conf, "singlebeat_failover_window"),
+            allow_zero=True,
+        )
+        if failover_window * 2 > retention:
+            raise ConfigurationError(
+                f"singlebeat_failover_window ({failover_window.total_seconds():g}s) must be "
+                f"at most half of singlebeat_retention ({retention.total_seconds():g}s): the "
+                "slot rows it writes again must outlive it"
+            )
         run_retention = _duration(
-            "singlebeat_run_retention", conf.get("singlebeat_run_retention", 7 * 86_400)
+            "singlebeat_run_retention", read_setting(conf, "singlebeat_run_retention")
         )
         if run_retention < timedelta(hours=1):
             raise ConfigurationError(
                 f"singlebeat_run_retention ({run_retention.total_seconds():g}s) must be at "
                 "least one hour: it is how long a repeated delivery of a slot is recognised"
             )
-        default_policy = MissedPolicy("coalesce", _us(timedelta(seconds=5)), 100)
+        default_policy = MissedPolicy(
+            setting_default("singlebeat_missed_policy"),
+            _us(timedelta(seconds=setting_default("singlebeat_missed_grace"))),
+            setting_default("singlebeat_missed_max"),
+        )
         missed = parse_missed_policy("singlebeat_", conf, default_policy)
 
-        prefix = conf.get("singlebeat_table_prefix", "singlebeat_")
+        prefix = read_setting(conf, "singlebeat_table_prefix")
         # ASCII only: str.isalnum() also accepts "é", "²" or "٣", which the
         # table names (and MySQL's 64-byte identifier limit) should not see.
         if not isinstance(prefix, str) or not _TABLE_PREFIX.fullmatch(prefix):
@@ -215,10 +589,10 @@ class Settings:
                 f"singlebeat_table_prefix={prefix!r}: use ASCII letters, digits and "
                 "underscores, starting with a letter or an underscore (at most 30 characters)"
             )
-        engine_options = conf.get("singlebeat_engine_options") or {}
+        engine_options = read_setting(conf, "singlebeat_engine_options") or {}
         if not isinstance(engine_options, Mapping):
             raise ConfigurationError("singlebeat_engine_options: expected a dict")
-        replica_id = conf.get("singlebeat_replica_id") or default_replica_id()
+        replica_id = read_setting(conf, "singlebeat_replica_id") or default_replica_id()
         if not isinstance(replica_id, str) or len(replica_id) > 120:
             raise ConfigurationError(
                 "singlebeat_replica_id: expected a string of at most 120 characters"
@@ -226,7 +600,7 @@ class Settings:
         # Read from the app's conf, not only a field: a replica catching up after a
         # broker outage publishes at most this many taken-over slots per sweep, and
         # an operator (or a test) may need to bound that burst.
-        takeover_batch = conf.get("singlebeat_takeover_batch", 500)
+        takeover_batch = read_setting(conf, "singlebeat_takeover_batch")
         if (
             not isinstance(takeover_batch, int)
             or isinstance(takeover_batch, bool)
@@ -235,11 +609,9 @@ class Settings:
             raise ConfigurationError(
                 f"singlebeat_takeover_batch={takeover_batch!r}: expected an integer >= 1"
             )
-        create_schema = conf.get("singlebeat_create_schema", True)
-        if not isinstance(create_schema, bool):
-            raise ConfigurationError(
-                f"singlebeat_create_schema={create_schema!r}: expected True or False"
-            )
+        create_schema = _flag(conf, "singlebeat_create_schema")
+        listen = _flag(conf, "singlebeat_listen")
+        observing = _observing(conf, lease, max_loop)
         return cls(
             url=url,
             engine_options=dict(engine_options),
@@ -251,5 +623,8 @@ class Settings:
             replica_id=replica_id,
             max_loop_interval=max_loop,
             takeover_batch=takeover_batch,
+            failover_window=failover_window,
             run_retention=run_retention,
+            listen=listen,
+            **observing,
         )

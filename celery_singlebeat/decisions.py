@@ -32,6 +32,10 @@ TOOK_OVER: Final = "took_over"
 TAKING_OVER: Final = "taking_over"
 #: a sweep claimed back one of this replica's own abandoned claims
 TAKING_BACK: Final = "taking_back"
+#: a sweep claimed an operator's run-now request (``singlebeat run``) to send it
+RUN_NOW: Final = "run_now"
+#: slots refused because their entry is paused (DEBUG)
+PAUSED: Final = "paused"
 #: another replica won the slot (DEBUG)
 LOST: Final = "lost"
 #: slots refused because they were not yet due on the database's clock (batch)
@@ -50,6 +54,9 @@ TAKEN_BEFORE_CONFIRM: Final = "taken_before_confirm"
 UNKNOWN_ENTRY: Final = "unknown_entry"
 #: missed slots the missed-run policy dropped (batch: ``count``, first and last slot)
 SKIPPED: Final = "skipped"
+#: after a broken connection, the database lacked slots this replica had sent
+#: (a failover to a standby that had not received them): written again
+LOST_WRITES: Final = "lost_writes"
 
 # -- SingletonTask (logger celery_singlebeat.singleton) ------------------------
 

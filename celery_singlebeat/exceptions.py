@@ -28,6 +28,16 @@ class StoreUnavailable(SingleBeatError):
     """
 
 
+class ConnectionReplaced(StoreUnavailable):
+    """A round trip found its connection broken, and the store connected again
+    without sending the statement (``SqlStore.stop_at_reconnect``).
+
+    The server answering now may be a promoted standby that lacks the last
+    commits: the scheduler writes back what it sent before it decides anything
+    (failover.py), then tries again at once. Not an outage.
+    """
+
+
 class SchemaError(SingleBeatError):
     """The database schema is missing, or newer than this release understands."""
 
@@ -69,3 +79,14 @@ class LeaseLost(SingleBeatError):
 class SingletonKeyError(SingleBeatError, ValueError):
     """A SingletonTask's key function raised, or returned something other than
     a non-empty string."""
+
+
+class ControlError(SingleBeatError):
+    """An operator's control (pause, resume, run now, a lease release) was refused,
+    and nothing changed.
+
+    The message says why: a named entry that no live replica has (with the
+    known entries closest to it), an entry that is paused (by whom and why), a
+    singleton key that has no lease row, or an input out of range (a pause that
+    would end in the past, a reason longer than the column holds).
+    """

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
@@ -26,12 +28,26 @@ from typing import Any
 from celery.beat import ScheduleEntry, Scheduler, _evaluate_entry_args, _evaluate_entry_kwargs
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from . import decisions, signals
+from . import catalog, decisions, signals
+from ._version import __version__
 from .clock import US, us_to_datetime
-from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
+from .config import (
+    DEFAULT_MAX_LOOP_INTERVAL,
+    ENTRY_OPTIONS,
+    Settings,
+    parse_missed_policy,
+    read_setting,
+)
 from .decisions import batch_fields, slot_fields, slot_text
 from .embedded import stop_worker
-from .exceptions import ConfigurationError, ScheduleError, SchemaError, StoreUnavailable
+from .exceptions import (
+    ConfigurationError,
+    ConnectionReplaced,
+    ScheduleError,
+    SchemaError,
+    StoreUnavailable,
+)
+from .failover import SentJournal, hold_seconds
 from .publishing import PublishGroup, skip_declared
 from .sharing import (
     FALLBACK_BATCH,
@@ -53,8 +69,9 @@ from .slots import (
     slot_task_id,
 )
 from .stopping import stop_deferred
-from .store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
+from .store.base import EARLY_TOLERANCE_US, PAUSE_ALL, Claim, Pause, ReplicaInfo, SlotKey, Store
 from .store.schema import MAX_ENTRY_NAME
+from .telemetry import NOTHING, Telemetry, check_for_scheduler, for_scheduler
 
 #: a child of "celery_singlebeat": configuring that logger still configures this one
 logger = logging.getLogger("celery_singlebeat.scheduler")
@@ -64,6 +81,9 @@ ENTRY_OPTION_PREFIX = "singlebeat_"
 
 #: how often one replica's turn to prune old slot rows comes round at most.
 PRUNE_EVERY_US = 60 * US
+
+#: how often one replica prunes the rows of replicas gone, at most (seconds)
+FLEET_PRUNE_EVERY_S = 600.0
 
 #: outage retry delays, in seconds.
 BACKOFF_FIRST = 0.5
@@ -76,6 +96,11 @@ BACKOFF_MAX = 10.0
 #: lets every replica win its share, at the cost of sending up to that much later.
 WAKE_JITTER = 0.01
 
+
+#: while a replica listens for control changes (PostgreSQL), it sleeps at most
+#: this long between ticks, so that it acts on one within a second of its
+#: commit; an idle tick that hears nothing sends no statement.
+LISTEN_POLL_S = 0.5
 
 #: ``_Tracked.won`` of an entry that won nothing ahead (nearly all): one shared
 #: empty set instead of one per entry (216 bytes each).
@@ -147,7 +172,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # Validated before anything else, also for the lazy instance celery beat
         # builds for its banner, so a bad setting stops the process at start-up.
         self.settings = Settings.from_conf(app.conf, max_loop_interval=loop)
-        if not app.conf.get("singlebeat_replica_id"):
+        if not read_setting(app.conf, "singlebeat_replica_id"):
             # celery beat builds a lazy instance for its banner, then the real one:
             # hand the generated id on, or the banner names a replica that never runs.
             if lazy:
@@ -173,13 +198,33 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._shared_at = 0.0
         self._sweep_every = max(0.5, self.settings.lease.total_seconds() / 3)
         self._next_prune = 0.0
+        self._next_fleet_prune = 0.0
         self._unconfirmed: list[Claim] = []
+        #: the slots confirmed lately, written again after a broken connection
+        #: (failover.py); the store's interruption count last acted on (None:
+        #: never connected, nothing to write again), and until when fallback
+        #: proposals and sweeps wait for the other replicas to write theirs
+        self._journal = SentJournal(self.settings.failover_window.total_seconds())
+        self._interruptions_seen: int | None = None
+        self._hold_until = 0.0
         #: slots this replica may still hold in the store without working on them,
         #: so that winning one back is not mistaken for a takeover: key -> (fence
         #: it released them at, or None when a claim's answer was lost; when).
         self._held: dict[SlotKey, tuple[int | None, float]] = {}
         self._warned_unknown: set[str] = set()
         self._broker_down = False
+        #: the database clock when this process first connected (its replica row)
+        self._started_us: int | None = None
+        self._first_count = 0
+        #: the catalog this replica published, and when (monotonic)
+        self._catalog_at: float | None = None
+        #: the control version last acted on, and the pauses it read then
+        self._controls_seen: int | None = None
+        self._pauses: dict[str, Pause] = {}
+        self._listener: Any = None
+        self._listen_retry_at = 0.0
+        #: metrics and probes (telemetry.py); built with the real instance
+        self.telemetry: Telemetry = self._make_telemetry(lazy)
         #: per-tick figures, read by benchmarks and tests.
         self.stats: dict[str, int] = {
             "claimed": 0,
@@ -188,6 +233,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             "taken_over": 0,
             "skipped": 0,
             "outages": 0,
+            "paused": 0,
+            "lost_writes": 0,
         }
         super().__init__(app, *args, lazy=lazy, **kwargs)
         if lazy:
@@ -232,8 +279,16 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 if not self._ready:
                     self._connect()
                 delay = self._tick()
+        except ConnectionReplaced:
+            # reconnected, maybe to a promoted standby: the next tick writes back
+            # what this replica sent (failover.py) before it decides anything
+            self.telemetry.loop(time.monotonic())
+            return 0.0
         except StoreUnavailable as exc:
-            return self._outage(exc)
+            delay = self._outage(exc)
+            self.telemetry.loop(time.monotonic())
+            return delay
+        self.telemetry.loop(time.monotonic())
         if self._outage_since is not None:
             logger.warning(
                 "singlebeat: database reachable again after %.1fs; sending resumes "
@@ -243,6 +298,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             )
             self._outage_since = None
             self._backoff = BACKOFF_FIRST
+            self.telemetry.outage(False)
         return delay
 
     @cached_property
@@ -259,6 +315,15 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         """
         return self.Producer(self.connection, auto_declare=False)
 
+    def _make_telemetry(self, lazy: bool) -> Telemetry:
+        """The hooks the settings ask for (metrics, probes), or none; the lazy
+        (banner) instance only checks that they can be made, as it checks the
+        settings, so that a port in use stops beat before its banner."""
+        if lazy:
+            check_for_scheduler(self.settings)
+            return NOTHING
+        return for_scheduler(self.settings)
+
     def sync(self) -> None:
         # Nothing to persist: every decision is already in the database.
         pass
@@ -267,6 +332,16 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         try:
             super().close()
         finally:
+            self.telemetry.close()
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            if self._store is not None and self._ready:
+                # a graceful stop: operators see it gone at once, not "not seen since"
+                try:
+                    self._store.stopped(self.settings.replica_id)
+                except StoreUnavailable as exc:
+                    logger.warning("singlebeat: could not mark replica stopped: %s", exc)
             if self._store is not None:
                 self._store.close()
                 self._store = None
@@ -277,12 +352,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _policy_of(self, name: str, entry: ScheduleEntry) -> MissedPolicy:
         options = entry.options or {}
         # A misspelt key would otherwise fall back to the default policy unnoticed.
-        known = {f"{ENTRY_OPTION_PREFIX}missed_{k}" for k in ("policy", "grace", "max")}
-        unknown = sorted(k for k in options if k.startswith(ENTRY_OPTION_PREFIX) and k not in known)
+        unknown = sorted(
+            k for k in options if k.startswith(ENTRY_OPTION_PREFIX) and k not in ENTRY_OPTIONS
+        )
         if unknown:
             raise ConfigurationError(
                 f"beat_schedule[{name!r}].options: unknown option(s) {', '.join(unknown)}; "
-                f"expected {', '.join(sorted(known))}"
+                f"expected {', '.join(sorted(ENTRY_OPTIONS))}"
             )
         try:
             return parse_missed_policy(ENTRY_OPTION_PREFIX, options, self.settings.missed)
@@ -312,12 +388,17 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _open_store(self) -> Store:
         from .store.sql import SqlStore
 
-        return SqlStore.from_settings(self.settings)
+        store = SqlStore.from_settings(self.settings)
+        store.stop_at_reconnect = True
+        return store
 
     def _connect(self) -> None:
         """Check the schema and register the entries (first tick, or after an outage)."""
         if self._store is None:
             self._store = self._open_store()
+            if self.telemetry is not NOTHING:
+                # each statement's time and outcome: latency metrics, readiness
+                self._store.on_round_trip = self.telemetry.round_trip
         try:
             self._store.prepare(self.settings.create_schema)
         except SchemaError as exc:
@@ -328,6 +409,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         states = self._store.register(list(self.schedule), self.settings.replica_id)
         clock = self._store.clock
         now_us = clock.now_us()
+        if self._started_us is None:
+            self._started_us = now_us
+        self._publish_catalog()
+        self._read_controls()
         self._tracked.clear()
         for name, entry in self.schedule.items():
             state = states[name]
@@ -340,6 +425,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # After an outage, keep sharing among the replicas seen before it.
         self._share(self._live or (self.settings.replica_id,), force=True)
         self._ready = True
+        self.telemetry.schema_ready()
         logger.info(
             "singlebeat: connected to %s; database clock offset %+.1f ms; %d entries tracked",
             self.settings.safe_url,
@@ -353,6 +439,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         store = self._store
         assert store is not None
         monotonic = time.monotonic()
+        if self.settings.listen:
+            self._poll_controls(monotonic)
+        if self._interruptions_seen != store.interruptions:
+            self._after_interruption()
         # Before any sweep: our own sweep would otherwise take over (and publish
         # again) claims we published but could not record during an outage.
         if self._unconfirmed:
@@ -360,10 +450,15 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             self._confirm(pending)
         if monotonic >= self._next_sweep:
             self._next_sweep = monotonic + self._sweep_every
-            self._read_live(monotonic)
-            self._take_over()
+            self._read_live(monotonic, sweeping=True)
+            # The heartbeat has just counted the claimed rows of the whole store:
+            # with none, nothing can be abandoned (a row abandoned now was claimed
+            # then), and the takeover statement is skipped. Idle, that halves
+            # what a sweep costs.
+            if store.open_claims != 0 and monotonic >= self._hold_until:
+                self._take_over()
         elif monotonic >= self._next_share:
-            self._read_live(monotonic)
+            self._read_live(monotonic, sweeping=False)
         if monotonic >= self._next_prune:
             self._next_prune = monotonic + PRUNE_EVERY_US / US
             deleted = store.prune(self.settings.retention_us, PRUNE_EVERY_US)
@@ -373,14 +468,26 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     deleted,
                     self.settings.retention,
                 )
+            if deleted is not None and monotonic >= self._next_fleet_prune:
+                # replica rows age by the retention (15 min by default): their
+                # prune need not cost statements at every minute's turn
+                self._next_fleet_prune = monotonic + FLEET_PRUNE_EVERY_S
+                gone = store.prune_fleet(self.settings.retention_us)
+                if gone:
+                    logger.info("singlebeat: pruned %d rows of replicas gone", gone)
         self._send_due()
         now_us = store.clock.now_us()
         delay = self.max_interval
         if self._heap:
             delay = min(delay, (self._heap[0].next_us - now_us) / US)
         if self._later:
-            delay = min(delay, (self._later[0].next_us + FALLBACK_DELAY_US - now_us) / US)
+            later = (self._later[0].next_us + FALLBACK_DELAY_US - now_us) / US
+            # held after a broken connection: the fallbacks wake when it ends,
+            # the entries this replica proposes first keep their own time
+            delay = min(delay, max(later, self._hold_until - time.monotonic()))
         delay = min(delay, self._next_sweep - time.monotonic())
+        if self._listener is not None:
+            delay = min(delay, LISTEN_POLL_S)
         return max(delay, 0.0) + random.uniform(0.0, WAKE_JITTER)
 
     def _send_due(self) -> None:
@@ -394,10 +501,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # in a moment, so that a replica that is free does not claim a whole
         # second of other replicas' slots and keep them waiting while it
         # publishes. What is left stays due: the next tick follows at once.
-        for heap, ready_us, cap in (
-            (self._heap, now_us, FIRST_BATCH),
-            (self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH),
-        ):
+        queues = [(self._heap, now_us, FIRST_BATCH)]
+        if time.monotonic() >= self._hold_until:
+            # held after a broken connection (failover.py): the slot a fallback
+            # proposal would win may be one another replica sent, whose row the
+            # database lost and that replica is about to write again
+            queues.append((self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH))
+        for heap, ready_us, cap in queues:
             cap += len(keys)
             while heap and heap[0].next_us <= ready_us and len(keys) < cap:
                 tracked = heapq.heappop(heap)
@@ -424,6 +534,17 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             raise
         mine = {c.key for c in won}
         refused = [key for key in keys if key not in mine] if len(won) < len(keys) else []
+        paused: list[SlotKey] = []
+        if refused and self._pauses:
+            # Refused because the entry is paused (as far as this replica
+            # knows): gone, like a slot another replica won. Not "early", even
+            # when its instant is a few ms ahead of the database's clock: that
+            # would propose it again and again, and send it after the resume.
+            paused = [key for key in refused if self._is_paused(key.entry, now_us)]
+            if paused:
+                refused = [key for key in refused if not self._is_paused(key.entry, now_us)]
+                self.stats["paused"] += len(paused)
+                self.telemetry.paused(paused)
         early_keys = self._refused_as_early(refused, now_us) if refused else set()
         early: set[str] = {key.entry for key in early_keys}
         won_early: dict[str, list[int]] = {}
@@ -468,6 +589,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         taken = {c.key for c in won if self._taken_from_another(c)}
         self.stats["claimed"] += len(won)
         self.stats["lost"] += len(lost)
+        if won:
+            self.telemetry.claimed(won)
+        if lost:
+            self.telemetry.lost(lost)
         if lost and self._lost_own_share(due, lost):
             # Another replica claimed slots we propose first: it does not see the
             # live replicas as we do (one just started or stopped). Look again
@@ -492,13 +617,141 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     ),
                 )
         self._publish_and_confirm(won, started, taken)
+        self._check_controls()
 
-    def _read_live(self, monotonic: float) -> None:
+    def _read_live(self, monotonic: float, sweeping: bool) -> None:
+        """The heartbeat: record this replica's row, read who else won slots
+        lately (sharing.py) and the control version, in one statement where
+        the store can."""
         store = self._store
         assert store is not None
         self._shared_at = monotonic
         self._next_share = monotonic + self._sweep_every
-        self._share(live_replicas(store.recent_owners(LIVE_WINDOW_US), self.settings.replica_id))
+        clock = store.clock
+        info = ReplicaInfo(
+            id=self.settings.replica_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            started_us=self._started_us or clock.now_us(),
+            loop_us=clock.now_us(),
+            offset_us=clock.offset_us,
+            tracked=len(self._tracked),
+            proposes_first=self._first_count,
+            heartbeat_us=int(self._sweep_every * US),
+            lost_writes=self.stats["lost_writes"],
+        )
+        owners = store.heartbeat(info, LIVE_WINDOW_US)
+        self._share(live_replicas(owners, self.settings.replica_id))
+        self.telemetry.fleet(len(self._live), store.open_claims)
+        # in a sweep, the takeover that takes run-now requests follows at once
+        self._check_controls(sweep=not sweeping)
+
+    # -- controls (pause, resume, run now) ---------------------------------------
+
+    def _publish_catalog(self) -> None:
+        """Tell the store which entries this replica has (once per process, and
+        again after an outage long enough for the rows to have been pruned)."""
+        store = self._store
+        assert store is not None
+        stale = self.settings.retention.total_seconds()
+        if self._catalog_at is not None and time.monotonic() - self._catalog_at < stale:
+            return
+        store.publish_catalog(
+            self.settings.replica_id,
+            [
+                catalog.describe(name, entry.task, entry.schedule, self._tz_of(entry))
+                for name, entry in self.schedule.items()
+            ],
+        )
+        self._catalog_at = time.monotonic()
+
+    def _read_controls(self) -> None:
+        """Read the pauses in force; remember the control version they go with."""
+        store = self._store
+        assert store is not None
+        pauses = {p.entry: p for p in store.pauses()}
+        version = store.controls_version
+        if pauses != self._pauses:
+            for name in sorted(pauses.keys() - self._pauses.keys()):
+                p = pauses[name]
+                logger.info(
+                    "singlebeat: replica %s sees %s paused by %s%s%s",
+                    self.settings.replica_id,
+                    "every entry" if name == PAUSE_ALL else f"entry {name!r}",
+                    p.by,
+                    f" ({p.reason})" if p.reason else "",
+                    f" until {slot_text(p.until_us)}" if p.until_us else "",
+                )
+            for name in sorted(self._pauses.keys() - pauses.keys()):
+                logger.info(
+                    "singlebeat: replica %s sees %s resumed",
+                    self.settings.replica_id,
+                    "every entry" if name == PAUSE_ALL else f"entry {name!r}",
+                )
+        self._pauses = pauses
+        self._controls_seen = version
+
+    def _check_controls(self, sweep: bool = True) -> None:
+        """Act on a control change a statement brought back: read the pauses, and
+        sweep at once (a run-now request is an abandoned row a sweep takes)."""
+        store = self._store
+        assert store is not None
+        version = store.controls_version
+        if version is None or version == self._controls_seen:
+            return
+        self._read_controls()
+        if sweep:
+            self._next_sweep = 0.0
+
+    def _poll_controls(self, monotonic: float) -> None:
+        """Act on a control change the listening connection heard (PostgreSQL)."""
+        store = self._store
+        assert store is not None
+        if self._listener is None:
+            listen = getattr(store, "listen", None)
+            # not while the database is unreachable: the outage is reported once
+            # already, and the sweep after it reads what changed meanwhile
+            if listen is None or monotonic < self._listen_retry_at or self._outage_since:
+                return
+            self._listen_retry_at = monotonic + self._sweep_every
+            try:
+                self._listener = listen()
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "singlebeat: cannot listen for control changes (%s); they are "
+                    "noticed at the next claim or heartbeat (every %gs) meanwhile",
+                    exc,
+                    self._sweep_every,
+                )
+                return
+            if self._listener is None:
+                self.settings = replace(self.settings, listen=False)  # no such thing here
+                return
+        try:
+            heard = self._listener.poll()
+        except Exception as exc:
+            logger.info(
+                "singlebeat: the connection listening for control changes was lost (%s); "
+                "listening again in %gs",
+                type(exc).__name__,
+                self._sweep_every,
+            )
+            self._listener.close()
+            self._listener = None
+            return
+        if heard:
+            # the sweep's heartbeat reads the new version (and then the pauses),
+            # its takeover the run-now requests
+            self._next_sweep = 0.0
+
+    def _is_paused(self, entry: str, now_us: int) -> bool:
+        """As the pauses last read say (the claim itself is what enforces them)."""
+        for name in (entry, PAUSE_ALL):
+            pause = self._pauses.get(name)
+            if pause is not None and (pause.until_us is None or pause.until_us > now_us):
+                return True
+        return False
 
     @staticmethod
     def _lost_own_share(due: list[_Tracked], lost: list[SlotKey]) -> bool:
@@ -519,6 +772,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         first = deal(self._order, live)
         for tracked in self._tracked.values():
             tracked.first = first.get(tracked.name, me) == me
+        self._first_count = sum(1 for t in self._tracked.values() if t.first)
         # Called between ticks: every tracked entry is in one of the two heaps.
         self._heap = [t for t in self._tracked.values() if t.first]
         self._later = [t for t in self._tracked.values() if not t.first]
@@ -598,7 +852,20 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         for claim in claims:
             text = slot_text(claim.slot_us)
             task_id = slot_task_id(claim.entry, claim.slot_us)
-            if self._taken_from_another(claim):
+            if claim.fence == 1:
+                # fence 0 -> 1: an operator's run-now request, not a replica's claim
+                self._held.pop(claim.key, None)
+                logger.info(
+                    "singlebeat: replica %s claimed run-now request %s@%s (task id %s)",
+                    me,
+                    claim.entry,
+                    text,
+                    task_id,
+                    extra=slot_fields(
+                        decisions.RUN_NOW, me, claim.entry, claim.slot_us, task_id, 1, text=text
+                    ),
+                )
+            elif self._taken_from_another(claim):
                 taken.add(claim.key)
                 logger.warning(
                     "singlebeat: replica %s took over slot %s@%s (task id %s, fence %d): "
@@ -639,6 +906,9 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     ),
                 )
         self.stats["taken_over"] += len(taken)
+        self.telemetry.claimed(claims)
+        if taken:
+            self.telemetry.taken_over([c for c in claims if c.key in taken])
         self._publish_and_confirm(claims, started, taken)
 
     def _taken_from_another(self, claim: Claim) -> bool:
@@ -749,11 +1019,50 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self.stats["sent"] += len(published)
         self._confirm(published)
 
+    def _after_interruption(self) -> None:
+        """After a broken connection: write again what this replica sent lately,
+        and hold fallback proposals and sweeps while the others do the same.
+
+        The database answering now may be a promoted standby that lacks the
+        last commits (failover.py). Slots published but not yet recorded (an
+        outage between publish and confirm) are written too: they were sent.
+        """
+        store = self._store
+        assert store is not None
+        seen = store.interruptions
+        if self._interruptions_seen is None:
+            # the first connection: nothing sent yet, nobody to wait for
+            self._interruptions_seen = seen
+            return
+        sent = self._journal.recent() + self._unconfirmed
+        again = store.reassert(self.settings.replica_id, sent) if sent else []
+        self._interruptions_seen = seen
+        self._hold_until = time.monotonic() + hold_seconds(self._sweep_every)
+        if not again:
+            return
+        self.stats["lost_writes"] += len(again)
+        self.telemetry.lost_writes(len(again))
+        first = again[0]
+        logger.error(
+            "singlebeat: the database lost %d of the slots replica %s sent in the last %gs "
+            "(first %s@%s): a failover to a standby that had not received them? Written "
+            "again as sent; fallback proposals and sweeps wait %.1fs for the other replicas "
+            "to write theirs",
+            len(again),
+            self.settings.replica_id,
+            self._journal.window_s,
+            first.entry,
+            slot_text(first.slot_us),
+            hold_seconds(self._sweep_every),
+            extra=batch_fields(decisions.LOST_WRITES, self.settings.replica_id, len(again), first),
+        )
+
     def _confirm(self, published: list[Claim]) -> None:
         store = self._store
         assert store is not None
         try:
             confirmed = store.confirm(self.settings.replica_id, published)
+            self._journal.add(confirmed, time.monotonic())
         except StoreUnavailable:
             # Published but not recorded: keep them and confirm first thing when
             # the database is back. Fences make that safe, and if our lease ran
@@ -880,6 +1189,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                     text=text,
                 ),
             )
+            self.telemetry.publish_failed([claim])
             return False
         return True
 
@@ -919,6 +1229,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 ),
             )
             failed.extend(uncertain)
+            self.telemetry.publish_failed(uncertain)
             self._broker_down = True
 
     def _handed_over(
@@ -928,6 +1239,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         ``taken_over``: keys another replica held before us."""
         # Every message of the group is in the broker already: log them all before
         # any slot_published receiver runs (it may stall, or the process die).
+        if done and self.telemetry is not NOTHING:
+            store = self._store
+            assert store is not None
+            self.telemetry.sent([claim for claim, _ in done], store.clock.now_us())
         # The hot path (one line per slot sent, 10,000 a second at full load):
         # with INFO off nothing of it runs, and the fields reuse the message's values.
         if logger.isEnabledFor(logging.INFO):
@@ -970,6 +1285,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self, name: str, count: int, first_us: int | None, last_us: int | None, policy: MissedPolicy
     ) -> None:
         self.stats["skipped"] += count
+        self.telemetry.skipped(name, count)
         fields = batch_fields(
             decisions.SKIPPED,
             self.settings.replica_id,
@@ -1004,6 +1320,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         if self._outage_since is None:
             self._outage_since = now
             self.stats["outages"] += 1
+            self.telemetry.outage(True)
             logger.error(
                 "singlebeat: database %s unreachable (%s); replica %s sends nothing until "
                 "it is back, retrying with backoff up to %gs",

@@ -30,7 +30,7 @@ Typical use, with Celery's in-memory broker::
     assert replica_a.stats["sent"] + replica_b.stats["sent"] == 1
 
 ``store.available = False`` simulates a database outage (every operation
-raises :class:`~celery_singlebeat.exceptions.StoreUnavailable`), and
+raises :class:`.StoreUnavailable`), and
 :meth:`MemoryStore.slot_rows` shows what the "database" holds.
 
 To run a real ``celery beat`` process against it (one process only, since
@@ -51,23 +51,29 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from .clock import DatabaseClock, datetime_to_us, us_to_datetime
+from .config import read_setting
 from .exceptions import SchemaError, StoreUnavailable
 from .scheduler import SingleBeatScheduler
 from .store.base import (
     EARLY_TOLERANCE_US,
+    PAUSE_ALL,
     Busy,
+    CatalogEntry,
     Claim,
     EntryState,
     Lease,
+    Pause,
+    ReplicaInfo,
     Run,
     RunBegin,
+    RunRecord,
     RunStatus,
     SlotKey,
     Store,
 )
 from .store.schema import SCHEMA_VERSION
 
-__all__ = ["FakeClock", "MemoryScheduler", "MemoryStore", "SlotRow"]
+__all__ = ["FakeClock", "MemoryScheduler", "MemoryStore", "SlotRow", "send_slot"]
 
 #: FakeClock's default start: a whole second, so slot instants are round numbers.
 DEFAULT_START = datetime(2024, 1, 10, 12, 0, 0, tzinfo=timezone.utc)
@@ -184,11 +190,15 @@ class MemoryStore(Store):
     :class:`FakeClock` to control time. Every decision is taken under one lock,
     so concurrent callers (threads, or several schedulers in one process)
     see the same atomicity a database gives. Each operation counts as one
-    round trip in :attr:`round_trips` and feeds :attr:`clock`, like the SQL
+    round trip in :attr:`round_trips` and feeds ``clock``, like the SQL
     store.
 
     ``clock`` replaces the :class:`~celery_singlebeat.clock.DatabaseClock`
     the store keeps in sync; by default it follows ``now_us`` exactly.
+
+    ``on_round_trip`` is called after each operation, as the SQL store
+    calls it (with 0 seconds); schedulers sharing one store each set it when
+    they connect, so only the last one connected hears it.
     """
 
     def __init__(
@@ -206,6 +216,12 @@ class MemoryStore(Store):
         self._locks: dict[str, _Lock] = {}
         self._runs: dict[SlotKey, _RunRow] = {}
         self._prune_singletons_next_us = 0
+        self._replicas: dict[str, dict[str, Any]] = {}
+        self._catalog: dict[str, dict[str, CatalogEntry]] = {}
+        self._pauses: dict[str, Pause] = {}
+        self.controls_version = 0
+        #: claimed-but-unsent rows, as the last heartbeat counted them
+        self.open_claims: int | None = None
         #: the schema version "in the database"; None until prepare(create=True).
         #: Set it above the supported version to test the upgrade refusal.
         self.schema_version: int | None = None
@@ -213,6 +229,8 @@ class MemoryStore(Store):
         self.available = True
         #: operations that reached the "database" (one round trip each).
         self.round_trips = 0
+        #: operations refused while unavailable, and lose_writes() calls
+        self.interruptions = 0
 
     # -- test helpers ------------------------------------------------------
 
@@ -242,15 +260,61 @@ class MemoryStore(Store):
                 for key, row in sorted(self._slots.items())
             ]
 
+    def replica_rows(self) -> dict[str, dict[str, Any]]:
+        """Every replica row, as dicts of its columns (not a round trip)."""
+        with self._lock:
+            return {key: dict(row) for key, row in sorted(self._replicas.items())}
+
+    def catalog_of(self, replica_id: str) -> dict[str, CatalogEntry]:
+        """The catalog a replica published (not a round trip)."""
+        with self._lock:
+            return dict(self._catalog.get(replica_id, {}))
+
+    def pause(self, entry: str, until_us: int | None = None, by: str = "test") -> None:
+        """What an operator's pause writes (``entry`` "*": every entry)."""
+        with self._round_trip("pause") as now:
+            self._pauses[entry] = Pause(entry, until_us, by, "", now)
+            self.controls_version = (self.controls_version or 0) + 1
+
+    def resume(self, entry: str | None = None) -> None:
+        """What an operator's resume writes (None: every pause)."""
+        with self._round_trip("resume"):
+            if entry is None:
+                self._pauses.clear()
+            else:
+                self._pauses.pop(entry, None)
+            self.controls_version = (self.controls_version or 0) + 1
+
+    def request_run(self, entry: str) -> SlotKey:
+        """What an operator's run-now writes: an abandoned row at fence 0."""
+        with self._round_trip("run now") as now:
+            slot_us = now
+            while SlotKey(entry, slot_us) in self._slots:
+                slot_us += 1
+            self._slots[SlotKey(entry, slot_us)] = _Row(0, "", 0, 0, now)
+            self.controls_version = (self.controls_version or 0) + 1
+            return SlotKey(entry, slot_us)
+
+    def _paused(self, entry: str, now: int) -> bool:
+        for name in (entry, PAUSE_ALL):
+            pause = self._pauses.get(name)
+            if pause is not None and (pause.until_us is None or pause.until_us > now):
+                return True
+        return False
+
     # -- plumbing ----------------------------------------------------------
 
     @contextmanager
     def _round_trip(self, what: str, *, schema: bool = True) -> Iterator[int]:
         """Hold the lock for one atomic decision and yield the store's ``now``."""
+        hook = self.on_round_trip
         with self._lock:
-            if not self.available:
-                raise StoreUnavailable(f"{what} failed: the memory store is unavailable")
-            if schema and self.schema_version is None:
+            if not self.available or (schema and self.schema_version is None):
+                if hook is not None:
+                    hook(0.0, False)
+                if not self.available:
+                    self.interruptions += 1
+                    raise StoreUnavailable(f"{what} failed: the memory store is unavailable")
                 # what a SQL database answers for a missing table
                 raise StoreUnavailable(f"{what} failed: no schema (call prepare first)")
             self.round_trips += 1
@@ -258,11 +322,14 @@ class MemoryStore(Store):
             local = self.clock.local_us()
             self.clock.observe(now, local, local)
             yield now
+        if hook is not None:
+            # as the SQL store reports it: once the answer is in (no time passes here)
+            hook(0.0, True)
 
     # -- Store -------------------------------------------------------------
 
     def prepare(self, create: bool) -> None:
-        """See :meth:`Store.prepare`; ``create`` sets :attr:`schema_version`."""
+        """See :meth:`.Store.prepare`; ``create`` sets :attr:`schema_version`."""
         with self._round_trip("schema check", schema=False):
             if self.schema_version is None:
                 if not create:
@@ -280,7 +347,7 @@ class MemoryStore(Store):
                 )
 
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
-        """See :meth:`Store.register`."""
+        """See :meth:`.Store.register`."""
         with self._round_trip("register entries") as now:
             wanted = set(names)
             for name in sorted(wanted):
@@ -299,7 +366,7 @@ class MemoryStore(Store):
             return out
 
     def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
-        """See :meth:`Store.claim`."""
+        """See :meth:`.Store.claim`."""
         if not slots:
             return []
         with self._round_trip("claim") as now:
@@ -308,6 +375,8 @@ class MemoryStore(Store):
                 entry = self._entries.get(key.entry)
                 mark = -1 if entry is None or entry.last_slot_us is None else entry.last_slot_us
                 if entry is None or key.slot_us <= mark or key.slot_us > now + EARLY_TOLERANCE_US:
+                    continue
+                if self._pauses and self._paused(key.entry, now):
                     continue
                 row = self._slots.get(key)
                 if row is None:
@@ -320,7 +389,7 @@ class MemoryStore(Store):
             return won
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
-        """See :meth:`Store.confirm`."""
+        """See :meth:`.Store.confirm`."""
         if not claims:
             return []
         with self._round_trip("confirm") as now:
@@ -335,8 +404,51 @@ class MemoryStore(Store):
                 done.append(claim)
             return done
 
+    def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
+        """See :meth:`.Store.reassert`."""
+        if not sent:
+            return []
+        with self._round_trip("write sent slots again") as now:
+            again: list[Claim] = []
+            for claim in dict.fromkeys(sent):
+                row = self._slots.get(claim.key)
+                if row is None:
+                    self._slots[claim.key] = _Row(1, owner, claim.fence, 0, now, now)
+                elif row.state == 0 and row.owner == owner and row.fence == claim.fence:
+                    row.state, row.sent_us = 1, row.sent_us if row.sent_us is not None else now
+                else:
+                    continue
+                again.append(claim)
+            return sorted(again, key=lambda c: (c.slot_us, c.entry))
+
+    def lose_writes(self, after_us: int) -> int:
+        """What a failover to a standby that lagged behind does: forget every
+        write after ``after_us`` on the store's clock (rows claimed or taken
+        over then are gone, confirms made then are undone), and break the
+        connection once (:attr:`~celery_singlebeat.store.base.Store.interruptions`).
+        SingletonTask's run rows too. Returns how many rows changed. A test
+        helper, not a round trip."""
+        changed = 0
+        with self._lock:
+            for key, row in list(self._slots.items()):
+                if row.claimed_us > after_us:
+                    del self._slots[key]
+                    changed += 1
+                elif row.state == 1 and row.sent_us is not None and row.sent_us > after_us:
+                    row.state, row.sent_us = 0, None
+                    changed += 1
+            for key, run in list(self._runs.items()):
+                if run.started_us > after_us:
+                    del self._runs[key]
+                    changed += 1
+                elif run.finished_us is not None and run.finished_us > after_us:
+                    run.state, run.finished_us, run.outcome = 0, None, None
+                    changed += 1
+            self.interruptions += 1
+        return changed
+
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
-        """See :meth:`Store.release`."""
+        """See :meth:`.Store.release`."""
         if not claims:
             return
         with self._round_trip("release") as now:
@@ -346,13 +458,16 @@ class MemoryStore(Store):
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        """See :meth:`Store.take_over`."""
+        """See :meth:`.Store.take_over`."""
         with self._round_trip("take over") as now:
             abandoned = sorted(
                 (
                     key
                     for key, row in self._slots.items()
-                    if row.state == 0 and row.lease_until_us < now
+                    if row.state == 0
+                    and row.lease_until_us < now
+                    and not (self._pauses and self._paused(key.entry, now))
+                    and (row.fence > 0 or key.entry in self._catalog.get(owner, {}))
                 ),
                 key=lambda k: (k.slot_us, k.entry),
             )
@@ -365,7 +480,7 @@ class MemoryStore(Store):
             return taken
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
-        """See :meth:`Store.prune`; the slot instant tells a row's age."""
+        """See :meth:`.Store.prune`; the slot instant tells a row's age."""
         with self._round_trip("prune") as now:
             if self._prune_next_us > now:
                 return None
@@ -383,10 +498,39 @@ class MemoryStore(Store):
             return len(old)
 
     def recent_owners(self, window_us: int) -> list[str]:
-        """See :meth:`Store.recent_owners`."""
+        """See :meth:`.Store.recent_owners`."""
         with self._round_trip("recent owners") as now:
             return sorted(
                 {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
+            )
+
+    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
+        """See :meth:`.Store.heartbeat`."""
+        with self._round_trip("heartbeat") as now:
+            row = dict(info._asdict(), seen_us=now, stopped_us=None)
+            self._replicas[info.id] = row
+            self.open_claims = sum(1 for r in self._slots.values() if r.state == 0)
+            return sorted(
+                {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
+            )
+
+    def stopped(self, replica_id: str) -> None:
+        """See :meth:`.Store.stopped`."""
+        with self._round_trip("mark replica stopped") as now:
+            if replica_id in self._replicas:
+                self._replicas[replica_id]["stopped_us"] = now
+
+    def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
+        """See :meth:`.Store.publish_catalog`."""
+        with self._round_trip("publish catalog"):
+            self._catalog[replica_id] = {e.entry: e for e in entries}
+
+    def pauses(self) -> list[Pause]:
+        """See :meth:`.Store.pauses`."""
+        with self._round_trip("read pauses") as now:
+            return sorted(
+                (p for p in self._pauses.values() if p.until_us is None or p.until_us > now),
+                key=lambda p: p.entry,
             )
 
     # -- singleton keys and runs ----------------------------------------
@@ -397,7 +541,7 @@ class MemoryStore(Store):
             return {key: dict(vars(row)) for key, row in sorted(self._runs.items())}
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
-        """See :meth:`Store.acquire_lease`."""
+        """See :meth:`.Store.acquire_lease`."""
         with self._round_trip("acquire lease") as now:
             lock = self._locks.get(key)
             if lock is not None and lock.expires_us >= now:
@@ -407,7 +551,7 @@ class MemoryStore(Store):
             return Lease(key, token, now + ttl_us)
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
-        """See :meth:`Store.renew_lease`."""
+        """See :meth:`.Store.renew_lease`."""
         with self._round_trip("renew lease") as now:
             lock = self._locks.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
@@ -416,7 +560,7 @@ class MemoryStore(Store):
             return lease._replace(expires_us=lock.expires_us)
 
     def release_lease(self, lease: Lease) -> bool:
-        """See :meth:`Store.release_lease`."""
+        """See :meth:`.Store.release_lease`."""
         with self._round_trip("release lease"):
             lock = self._locks.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
@@ -425,13 +569,13 @@ class MemoryStore(Store):
             return True
 
     def lease_holds(self, key: str, token: int) -> bool:
-        """See :meth:`Store.lease_holds`."""
+        """See :meth:`.Store.lease_holds`."""
         with self._round_trip("check lease") as now:
             lock = self._locks.get(key)
             return lock is not None and lock.token == token and lock.expires_us > now
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
-        """See :meth:`Store.begin_run`."""
+        """See :meth:`.Store.begin_run`."""
         with self._round_trip("begin run") as now:
             key = SlotKey(run.entry, run.slot_us)
             row = self._runs.get(key)
@@ -448,6 +592,35 @@ class MemoryStore(Store):
             status = RunStatus.FINISHED if row.state == 1 else RunStatus.RUNNING
             return RunBegin(status, row.owner, row.outcome)
 
+    def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
+        """See :meth:`.Store.reassert_runs`."""
+        if not records:
+            return []
+        with self._round_trip("write run rows again"):
+            again: list[RunRecord] = []
+            for record in records:
+                run = record.run
+                key = SlotKey(run.entry, run.slot_us)
+                row = self._runs.get(key)
+                finished = record.outcome is not None
+                if row is None:
+                    self._runs[key] = _RunRow(
+                        run.run_id,
+                        1 if finished else 0,
+                        record.owner,
+                        record.task_id,
+                        record.expires_us,
+                        record.started_us,
+                        finished_us=record.finished_us,
+                        outcome=record.outcome,
+                    )
+                elif finished and row.state == 0 and row.run_id == run.run_id:
+                    row.state, row.finished_us, row.outcome = 1, record.finished_us, record.outcome
+                else:
+                    continue
+                again.append(record)
+            return again
+
     def _own_run(self, run: Run) -> _RunRow | None:
         row = self._runs.get(SlotKey(run.entry, run.slot_us))
         if row is None or row.run_id != run.run_id or row.state != 0:
@@ -455,7 +628,7 @@ class MemoryStore(Store):
         return row
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
-        """See :meth:`Store.renew_run`."""
+        """See :meth:`.Store.renew_run`."""
         with self._round_trip("renew run") as now:
             row = self._own_run(run)
             if row is not None:
@@ -463,7 +636,7 @@ class MemoryStore(Store):
             return row is not None
 
     def finish_run(self, run: Run, outcome: str) -> bool:
-        """See :meth:`Store.finish_run`."""
+        """See :meth:`.Store.finish_run`."""
         with self._round_trip("finish run") as now:
             row = self._own_run(run)
             if row is not None:
@@ -471,7 +644,7 @@ class MemoryStore(Store):
             return row is not None
 
     def abandon_run(self, run: Run) -> bool:
-        """See :meth:`Store.abandon_run`."""
+        """See :meth:`.Store.abandon_run`."""
         with self._round_trip("abandon run"):
             row = self._own_run(run)
             if row is not None:
@@ -479,7 +652,7 @@ class MemoryStore(Store):
             return row is not None
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
-        """See :meth:`Store.prune_singletons`."""
+        """See :meth:`.Store.prune_singletons`."""
         with self._round_trip("prune singletons") as now:
             if self._prune_singletons_next_us > now:
                 return None
@@ -503,7 +676,7 @@ class MemoryStore(Store):
             return len(runs) + len(locks)
 
     def ping(self) -> int:
-        """See :meth:`Store.ping`."""
+        """See :meth:`.Store.ping`."""
         with self._round_trip("ping", schema=False) as now:
             return now
 
@@ -525,7 +698,7 @@ class MemoryScheduler(SingleBeatScheduler):
     def __init__(
         self, app: Any, *args: Any, store: MemoryStore | None = None, **kwargs: Any
     ) -> None:
-        configured = app.conf.get("singlebeat_memory_store")
+        configured = read_setting(app.conf, "singlebeat_memory_store")
         #: the store this scheduler coordinates through.
         self.memory_store: MemoryStore = store or configured or MemoryStore()
         super().__init__(app, *args, **kwargs)
@@ -537,3 +710,29 @@ class MemoryScheduler(SingleBeatScheduler):
 
     def _open_store(self) -> Store:
         return self.memory_store
+
+
+def send_slot(
+    task: Any,
+    entry: str,
+    at: datetime,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Send ``task`` as beat sends the run of ``entry`` at ``at``: the same task id
+    and ``singlebeat_slot`` header the scheduler writes (slots.py), so that a
+    :class:`~celery_singlebeat.SingletonTask` treats it as that slot. Call it twice
+    to deliver one run twice, as a replica that died between publishing and
+    recording does. Returns ``task.apply_async``'s result."""
+    from .slots import SLOT_HEADER, slot_header, slot_task_id
+
+    if at.utcoffset() is None:
+        raise ValueError(f"at={at!r}: expected an aware datetime")
+    slot_us = datetime_to_us(at)
+    headers = dict(options.pop("headers", None) or {})
+    headers["celery_beat_task"] = True
+    headers[SLOT_HEADER] = slot_header(entry, slot_us)
+    return task.apply_async(
+        tuple(args), kwargs or {}, task_id=slot_task_id(entry, slot_us), headers=headers, **options
+    )

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from ..clock import us_to_datetime
 from ..exceptions import LeaseLost
 from ..store.base import Store
+from .writeback import through_reconnect
 
 _local = threading.local()
 
@@ -68,7 +69,7 @@ class Singleton:
             self._lost.set()
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the heartbeat found the lease lost.
+        """Raise :class:`.LeaseLost` if the heartbeat found the lease lost.
 
         Costs nothing; between heartbeats (every third of the TTL) a loss is
         not known yet, which is what :meth:`guard` is for."""
@@ -77,16 +78,18 @@ class Singleton:
 
     def holds(self) -> bool:
         """Ask the database whether this lease still holds (one round trip)."""
-        return not self.lost and self._store.lease_holds(self.key, self.token)
+        return not self.lost and through_reconnect(
+            lambda: self._store.lease_holds(self.key, self.token)
+        )
 
     def guard(self) -> None:
-        """Raise :class:`LeaseLost` unless the database says the lease holds now.
+        """Raise :class:`.LeaseLost` unless the database says the lease holds now.
 
         One round trip. Call it right before a write that must not come from a
         stale holder; for writes to the same database, putting ``token`` in the
         write itself (a fenced update) closes the remaining gap."""
         self.check()
-        if not self._store.lease_holds(self.key, self.token):
+        if not self.holds():
             self.mark_lost("the database no longer shows this token holding the key")
             self.check()
 

@@ -10,7 +10,9 @@ can only err early) marks it lost too.
 
 The same thread retries the bookkeeping that a task's end could not write
 (finishing a run row, releasing a key) while the database was away: a run
-left unfinished would let a repeated delivery of its slot run again.
+left unfinished would let a repeated delivery of its slot run again. And it
+runs the checks a process asks for while it has reason to (:meth:`Heartbeat.watch`:
+the failover write-back's ping, singleton/writeback.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from ..clock import US
 from ..decisions import run_fields
 from ..exceptions import StoreUnavailable
 from ..store.base import Lease, Run, Store
+from ..telemetry import SINGLETON_NOTHING, SingletonTelemetry
 from .context import Singleton
+from .writeback import through_reconnect
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 
@@ -53,10 +57,24 @@ class Held:
     sender: object = None
     #: the worker's owner id (the ``replica`` field of its log records)
     owner: str = ""
+    #: where renewals and losses are counted (metrics)
+    telemetry: SingletonTelemetry = SINGLETON_NOTHING
+    #: run before each renewal: the failover write-back's check (writeback.py),
+    #: so that a renewal after a reconnect finds the rows written back
+    before: Callable[[], None] | None = None
 
     @property
     def interval(self) -> float:
         return self.ttl_us / US / 3
+
+
+@dataclass
+class Watch:
+    """A check run every ``interval`` seconds until it returns False."""
+
+    check: Callable[[], bool]
+    interval: float
+    next_at: float = 0.0
 
 
 @dataclass
@@ -75,6 +93,7 @@ class Heartbeat:
     def __init__(self) -> None:
         self._held: list[Held] = []
         self._pending: list[Pending] = []
+        self._watches: dict[int, Watch] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.pid = os.getpid()
@@ -98,6 +117,16 @@ class Heartbeat:
             self._ensure_thread()
             self._cond.notify()
 
+    def watch(self, key: int, check: Callable[[], bool], interval: float) -> None:
+        """Run ``check`` every ``interval`` seconds from this thread until it
+        returns False; one watch per ``key`` (a second call keeps the first)."""
+        with self._cond:
+            if key in self._watches:
+                return
+            self._watches[key] = Watch(check, interval, time.monotonic() + interval)
+            self._ensure_thread()
+            self._cond.notify()
+
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
@@ -110,47 +139,79 @@ class Heartbeat:
             with self._cond:
                 now = time.monotonic()
                 due = [h for h in self._held if h.next_at <= now]
+                watches = [(k, w) for k, w in self._watches.items() if w.next_at <= now]
                 pending = list(self._pending) if not due else []
-                if not due and not pending:
-                    wake = min((h.next_at for h in self._held), default=now + 60.0)
+                if not due and not pending and not watches:
+                    wake = min(
+                        [h.next_at for h in self._held]
+                        + [w.next_at for w in self._watches.values()],
+                        default=now + 60.0,
+                    )
                     self._cond.wait(timeout=max(0.0, wake - now))
                     continue
             for held in due:
                 self._renew(held)
+            for key, watch in watches:
+                self._check(key, watch)
             for item in pending:
                 self._retry(item)
             if pending:
                 with self._cond:
-                    # not past the next renewal: a short TTL cannot wait a whole retry interval
-                    wake = min((h.next_at for h in self._held), default=math.inf)
+                    # not past the next renewal or check: a short TTL cannot wait a
+                    # whole retry interval
+                    wake = min(
+                        [h.next_at for h in self._held]
+                        + [w.next_at for w in self._watches.values()],
+                        default=math.inf,
+                    )
                     self._cond.wait(timeout=max(0.0, min(RETRY_INTERVAL, wake - time.monotonic())))
+
+    def _check(self, key: int, watch: Watch) -> None:
+        try:
+            again = watch.check()
+        except Exception:  # never let the thread die: the leases need it
+            logger.exception("singlebeat: a background check failed")
+            again = True
+        with self._cond:
+            if again:
+                watch.next_at = time.monotonic() + watch.interval
+            else:
+                self._watches.pop(key, None)
 
     def _renew(self, held: Held) -> None:
         sent = time.monotonic()
         try:
-            renewed = held.store.renew_lease(held.lease, held.ttl_us)
+
+            def renew() -> Lease | None:
+                if held.before is not None:
+                    held.before()
+                return held.store.renew_lease(held.lease, held.ttl_us)
+
+            renewed = through_reconnect(renew)
+            run = held.run
             if (
                 renewed is not None
-                and held.run is not None
-                and not held.store.renew_run(held.run, held.ttl_us)
+                and run is not None
+                and not held.store.renew_run(run, held.ttl_us)
             ):
                 logger.warning(
                     "singlebeat: the run row of slot %s@%s (task %s) was taken by "
                     "another start; the slot may run twice",
-                    held.run.entry,
-                    held.run.slot_us,
+                    run.entry,
+                    run.slot_us,
                     held.singleton.task_id,
                     extra=run_fields(
                         decisions.RUN_TAKEN,
                         held.owner,
                         held.singleton.task_id,
                         held.lease.key,
-                        (held.run.entry, held.run.slot_us),
+                        (run.entry, run.slot_us),
                         held.lease.token,
                     ),
                 )
                 held.run = None
         except StoreUnavailable as exc:
+            held.telemetry.renew_failed(held.singleton.task_name)
             if time.monotonic() >= held.deadline:
                 self._lost(held, f"the database was unreachable until the lease ended ({exc})")
             else:
@@ -163,6 +224,7 @@ class Heartbeat:
         if renewed is None:
             self._lost(held, "another execution took the key (the lease had expired)")
             return
+        held.telemetry.renewed(held.singleton.task_name, time.monotonic() - sent)
         held.lease = renewed
         held.deadline = sent + held.ttl_us / US
         held.next_at = time.monotonic() + held.interval
@@ -171,6 +233,7 @@ class Heartbeat:
         self.drop(held)
         singleton = held.singleton
         singleton.mark_lost(reason)
+        held.telemetry.lease_lost(singleton.task_name)
         logger.warning(
             "singlebeat: task %s lost its singleton key %r (token %d): %s",
             singleton.task_id,

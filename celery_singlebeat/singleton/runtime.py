@@ -18,6 +18,9 @@ from typing import Any
 from ..clock import US
 from ..config import Settings, default_replica_id
 from ..store.base import Store
+from ..telemetry import SingletonTelemetry, for_worker
+from .heartbeat import heartbeat
+from .writeback import PING_S, WriteBack
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 
@@ -33,11 +36,16 @@ class Runtime:
 
     def __init__(self, app: Any) -> None:
         self.settings = Settings.from_conf(app.conf)
+        #: SingletonTask's metrics in this process (telemetry.for_worker)
+        self.telemetry: SingletonTelemetry = for_worker(self.settings)
         self.owner = default_replica_id()
         self.pid = os.getpid()
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._next_prune = 0.0
+        window = self.settings.failover_window.total_seconds()
+        #: the failover write-back of this process's run rows (None: turned off)
+        self.writeback = WriteBack(window, self.owner, self.telemetry) if window > 0 else None
 
     def store(self) -> Store:
         """The store, schema checked (created when allowed) on first use.
@@ -53,6 +61,10 @@ class Runtime:
                 except Exception:  # StoreUnavailable, SchemaError: nothing cached
                     store.close()
                     raise
+                if self.writeback is not None and hasattr(store, "stop_at_reconnect"):
+                    # a reconnect raises ConnectionReplaced before the statement
+                    # goes: a slot's start waits for the write-back first
+                    store.stop_at_reconnect = True
                 self._store = store
                 logger.debug(
                     "singlebeat: singleton store %s ready (owner %s)",
@@ -65,6 +77,14 @@ class Runtime:
         from ..store.sql import SqlStore
 
         return SqlStore.from_settings(self.settings)
+
+    def wrote_runs(self, store: Store) -> None:
+        """This process wrote a run row: ping while it is remembered, so that
+        a failover is met (and the row written back) even while idle."""
+        writeback = self.writeback
+        if writeback is not None:
+            # keyed by the object the check holds: its id cannot be reused meanwhile
+            heartbeat().watch(id(writeback), lambda: writeback.ping(store), PING_S)
 
     def prune_due(self) -> bool:
         """True at most once per PRUNE_EVERY in this process: time to offer a prune

@@ -3,7 +3,7 @@
 An execution goes through these steps (``docs/singleton.md`` has the why):
 
 1. a message the scheduler sent carries its slot (header ``singlebeat_slot``):
-   :meth:`Store.begin_run` records the slot's start, or finds it already
+   :meth:`.Store.begin_run` records the slot's start, or finds it already
    finished/running, in which case this delivery is a repeat and is dropped;
 2. the key's lease is acquired (one round trip); a busy key follows the
    task's ``singleton_busy`` policy;
@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
@@ -28,7 +29,12 @@ from celery.signals import worker_init
 from .. import decisions, signals
 from ..clock import US, us_to_datetime
 from ..decisions import run_fields, slot_text
-from ..exceptions import ConfigurationError, SingletonBusy, StoreUnavailable
+from ..exceptions import (
+    ConfigurationError,
+    ConnectionReplaced,
+    SingletonBusy,
+    StoreUnavailable,
+)
 from ..slots import SLOT_HEADER
 from ..store.base import Busy, Lease, Run, RunStatus, Store
 from . import context
@@ -42,11 +48,15 @@ from .keys import (
     parse_ttl,
 )
 from .runtime import PRUNE_TURN_US, Runtime, runtime_for
+from .writeback import through_reconnect
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 
 #: Retry delay when the database cannot decide who may run (StoreUnavailable).
 UNAVAILABLE_RETRY_DELAY = 5.0
+#: statements a start tries when each meets a reconnect (ConnectionReplaced):
+#: more in a row means the database is flapping, an outage for the task
+RECONNECTS = 3
 
 
 def _is_concrete(cls: type) -> bool:
@@ -82,8 +92,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     * ``singleton_busy``: what a call finding the key held does: ``"skip"``
       (default: logged at INFO, state SUCCESS with result ``None``),
       ``"retry"`` (``self.retry`` after ``singleton_retry_delay``; state
-      RETRY, and FAILURE with :class:`SingletonBusy` once ``max_retries`` is
-      used up) or ``"raise"`` (state FAILURE with :class:`SingletonBusy`).
+      RETRY, and FAILURE with :class:`.SingletonBusy` once ``max_retries`` is
+      used up) or ``"raise"`` (state FAILURE with :class:`.SingletonBusy`).
     * ``singleton_retry_delay``: seconds before a busy retry (default: the TTL).
 
     In the body, ``self.singleton`` is the execution's
@@ -153,7 +163,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         try:
             store = runtime.store()
-            got = self._start(store, run, slot, key, runtime.owner, task_id, ttl_us)
+            got = self._start(store, run, slot, key, runtime, task_id, ttl_us)
         except StoreUnavailable as exc:
             # Nobody can prove the key is free: run nothing, try later. The
             # retry waits past the TTL when a run row may be left behind.
@@ -167,7 +177,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
             raise self.retry(countdown=delay, exc=exc) from exc
         if isinstance(got, Busy):
+            runtime.telemetry.busy(self.name, self.singleton_busy)
             return self._busy(store, run, slot, key, got, task_id, runtime.owner)
+        runtime.telemetry.acquired(self.name)
         if slot is not None and logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "singlebeat: %s[%s]: slot %s@%s started (singleton key %r, token %d)",
@@ -192,6 +204,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             started + ttl_us / US,
             sender=self,
             owner=runtime.owner,
+            telemetry=runtime.telemetry,
+            before=None if runtime.writeback is None else partial(runtime.writeback.check, store),
         )
         beat = heartbeat()
         beat.hold(held)
@@ -219,24 +233,47 @@ class SingletonTask(Task):  # type: ignore[misc]
         run: Run | None,
         slot: SlotInfo | None,
         key: str,
-        owner: str,
+        runtime: Runtime,
         task_id: str,
         ttl_us: int,
     ) -> Lease | Busy:
         """The key's lease (or its holder); for a slot, the run row first: a
         repeat is dropped here (Ignore) and takes no lease."""
-        if run is None:
-            return store.acquire_lease(key, owner, ttl_us)
-        try:
-            begin, got = store.begin_slot(run, key, owner, task_id, ttl_us)
-        except StoreUnavailable:
-            # The run row may have been started: let it go now, or it expires
-            # after the TTL, and the retry waits that long.
-            with contextlib.suppress(StoreUnavailable):
-                store.abandon_run(run)
-            raise
+        owner = runtime.owner
+        writeback = runtime.writeback
+        for attempt in range(1, RECONNECTS + 1):
+            try:
+                if writeback is not None:
+                    # after a broken connection: this process's run rows first,
+                    # then (an old slot) the other processes' (writeback.py)
+                    writeback.check(store)
+                    if run is not None:
+                        writeback.hold(run.slot_us)
+                if run is None:
+                    return store.acquire_lease(key, owner, ttl_us)
+                begin, got = store.begin_slot(run, key, owner, task_id, ttl_us)
+            except ConnectionReplaced:
+                # not sent: the store reconnected, maybe to a promoted standby
+                if attempt == RECONNECTS:
+                    raise
+                continue
+            except StoreUnavailable:
+                if run is not None:
+                    # The run row may have been started: let it go now, or it
+                    # expires after the TTL, and the retry waits that long.
+                    with contextlib.suppress(StoreUnavailable):
+                        store.abandon_run(run)
+                raise
+            break
+        assert run is not None
         if begin.status is not RunStatus.STARTED:
+            runtime.telemetry.repeat_dropped(self.name)
             self._drop_repeat(slot, begin.status, begin.owner, task_id, key, owner)
+        if writeback is not None:
+            writeback.journal.started(
+                run, owner, task_id, store.clock.now_us(), ttl_us, time.monotonic()
+            )
+            runtime.wrote_runs(store)
         assert got is not None
         return got
 
@@ -283,15 +320,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         if run is not None:
             outcome = "skipped" if policy == "skip" else "busy"
 
+            writeback = runtime_for(self.app).writeback
+
             def record() -> None:
                 # a retry may start the slot again; skip and raise end it
                 if policy == "retry":
                     store.abandon_run(run)
-                else:
-                    store.finish_run(run, outcome)
+                    if writeback is not None:
+                        writeback.journal.forget(run)
+                elif store.finish_run(run, outcome) and writeback is not None:
+                    writeback.journal.finished(run, outcome, store.clock.now_us(), time.monotonic())
 
             try:
-                record()
+                through_reconnect(record)
             except StoreUnavailable:
                 heartbeat().defer(f"recording slot {run.entry}@{run.slot_us} as not run", record)
         if policy == "skip":
@@ -336,12 +377,26 @@ class SingletonTask(Task):  # type: ignore[misc]
         """Finish the run row (abandon it for a retry) and release the key;
         retried in the background while the database is unreachable."""
         run, lease, task_id = held.run, held.lease, held.singleton.task_id
+        writeback = runtime_for(self.app).writeback
 
         def end() -> None:
             if run is None:
-                store.release_lease(lease)
+                through_reconnect(lambda: store.release_lease(lease))
                 return
-            done, _released = store.end_slot(run, None if outcome == "retry" else outcome, lease)
+            final = None if outcome == "retry" else outcome
+
+            def end_slot() -> tuple[bool, bool]:
+                # the rows written back first: a finish must find its run row
+                if writeback is not None:
+                    writeback.check(store)
+                return store.end_slot(run, final, lease)
+
+            done, _released = through_reconnect(end_slot)
+            if writeback is not None:
+                if final is None:
+                    writeback.journal.forget(run)
+                elif done:
+                    writeback.journal.finished(run, final, store.clock.now_us(), time.monotonic())
             if not done:
                 logger.warning(
                     "singlebeat: the run row of slot %s@%s was taken by another start "

@@ -36,7 +36,7 @@ Workers (:class:`~celery_singlebeat.SingletonTask`) use two more kinds of row:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import NamedTuple
 
@@ -89,6 +89,69 @@ class EntryState(NamedTuple):
     last_slot_us: int | None
 
 
+class ReplicaInfo(NamedTuple):
+    """What a replica records about itself with each heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    #: the celery-singlebeat release it runs
+    version: str
+    #: when the process started (database clock)
+    started_us: int
+    #: its estimate of the database clock at its last loop
+    loop_us: int
+    #: how far its own clock runs from the database's (database minus local)
+    offset_us: int
+    #: entries it tracks, and how many of those it proposes first (sharing.py)
+    tracked: int
+    proposes_first: int
+    #: how often it sends a heartbeat (its sweep period)
+    heartbeat_us: int
+    #: slots it had sent that the database lacked after a broken connection
+    #: (a failover lost them), written again; since the process started
+    lost_writes: int = 0
+
+
+class CatalogEntry(NamedTuple):
+    """One entry as a replica has it (see :mod:`celery_singlebeat.catalog`)."""
+
+    entry: str
+    task: str
+    #: the schedule as a person reads it
+    schedule: str
+    #: JSON from which a reader rebuilds the slot sequence
+    spec: str
+
+
+class Pause(NamedTuple):
+    """A paused entry (``"*"``: every entry), and who paused it, when and why."""
+
+    entry: str
+    #: the pause ends by itself at this instant (None: until resumed)
+    until_us: int | None
+    by: str
+    reason: str
+    at_us: int
+
+
+#: the ``entry`` of a pause of every entry
+PAUSE_ALL = "*"
+
+#: a replica is live while its row is not stopped and was seen within this
+#: many heartbeat periods (plus LIVE_SLACK_US: a sweep can run late by a tick)
+LIVE_HEARTBEATS = 3
+LIVE_SLACK_US = 2_000_000
+
+#: the meta row whose value every control change raises by one
+CONTROLS_KEY = "controls"
+
+
+def controls_channel(prefix: str) -> str:
+    """The PostgreSQL NOTIFY channel of a control change, for a table prefix."""
+    return f"{prefix}controls"
+
+
 class Lease(NamedTuple):
     """A singleton key this process holds, and the proof of which hand-over it won."""
 
@@ -134,6 +197,22 @@ class RunBegin(NamedTuple):
     outcome: str | None
 
 
+class RunRecord(NamedTuple):
+    """What a worker process wrote about one run, as :meth:`Store.reassert_runs`
+    writes it again: the run row as ``begin_run`` made it and, once the run
+    finished, as ``finish_run`` left it."""
+
+    run: Run
+    owner: str
+    task_id: str
+    #: database clock of the start, and the row's expiry as last written
+    started_us: int
+    expires_us: int
+    #: ``None`` while it runs (or when it was abandoned for a retry)
+    outcome: str | None = None
+    finished_us: int | None = None
+
+
 class Store(ABC):
     """Shared state of all replicas. Implementations: SQL (``store.sql``) and
     in-memory (``celery_singlebeat.testing``); both pass the same contract suite.
@@ -144,6 +223,10 @@ class Store(ABC):
 
     #: the database's clock, updated by every successful round trip.
     clock: DatabaseClock
+
+    #: called with (seconds, ok) after each statement, from the thread that ran
+    #: it (the scheduler's metrics and readiness); None: nobody listens
+    on_round_trip: Callable[[float, bool], None] | None = None
 
     @abstractmethod
     def prepare(self, create: bool) -> None:
@@ -177,7 +260,8 @@ class Store(ABC):
         it is claimed by ``owner`` itself and not yet sent (its fence grows): a
         claim whose answer was lost with the connection is won again by its
         owner's retry instead of waiting for its lease to run out.
-        Rows that are sent, or claimed with a live lease, are not touched. Every
+        Rows that are sent, or claimed with a live lease, are not touched, and
+        neither is a slot of an entry paused now (:meth:`pauses`). Every
         won row gets ``lease_until_us = now + lease_us``. Duplicates in ``slots``
         count once; slots of unregistered entries are never won, and neither is
         a slot more than :data:`EARLY_TOLERANCE_US` after the database's now (a
@@ -198,6 +282,27 @@ class Store(ABC):
         Duplicates in ``claims`` count once.
         """
 
+    #: how many times a round trip found its connection broken (dead pooled
+    #: connection, refused or silent server, session ended). After one, the
+    #: database answering may be another server (a promoted standby behind a
+    #: moved address) that lacks the last commits this process saw: the
+    #: scheduler then calls :meth:`reassert` before it proposes anything old.
+    interruptions: int = 0
+
+    def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
+        """Write again that ``owner`` sent ``sent``; return those the database
+        had lost.
+
+        For each claim: a missing row is inserted as sent by ``owner`` at the
+        claim's fence; a row of ``owner`` at that fence still claimed (its
+        confirm lost) is marked sent. Any other row is left alone: another
+        replica holds the slot, or it is sent already. Idempotent. Those
+        returned are the writes a failover to a lagging standby lost; an empty
+        answer means nothing was lost. A store that cannot lose committed
+        writes returns ``[]`` (the default).
+        """
+        return []
+
     @abstractmethod
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         """Give up claims we could not publish, so another replica takes them over.
@@ -216,7 +321,11 @@ class Store(ABC):
         and the result comes in that order.
 
         Each row passes to ``owner`` with its fence grown by one and a new lease.
-        Concurrent callers never receive the same row.
+        Concurrent callers never receive the same row. Rows of an entry paused
+        now are left alone, and so is a run-now request (a row at fence 0, made
+        by an operator, not a replica) of an entry that ``owner``'s catalog
+        (:meth:`publish_catalog`) does not list: only a replica that can send it
+        takes it.
         """
 
     @abstractmethod
@@ -237,6 +346,55 @@ class Store(ABC):
         (every replica then proposes every slot at once, as before).
         """
         return []
+
+    # -- operating the fleet ----------------------------------------------
+
+    #: the control version the last statement that read it returned (or None).
+    #: Every control change (pause, resume, run now) raises it in the same
+    #: transaction; :meth:`heartbeat` reads it on every store, the claim on
+    #: stores that can fold it in, so a replica notices a change without a
+    #: statement of its own.
+    controls_version: int | None = None
+
+    #: claimed-but-unsent rows in the whole store, as the last :meth:`heartbeat`
+    #: counted them (None: not counted; a sweep then always tries a takeover)
+    open_claims: int | None = None
+
+    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
+        """Record ``info`` in the replica's row and return :meth:`recent_owners`.
+
+        Upserts the row with ``seen_us`` = the database's now and clears its
+        ``stopped_us``; reads the control version into :attr:`controls_version`.
+        One round trip where the store can (PostgreSQL): the scheduler sends it
+        in place of its periodic :meth:`recent_owners`.
+        """
+        return self.recent_owners(window_us)
+
+    def stopped(self, replica_id: str) -> None:  # noqa: B027 - optional hook
+        """Mark the replica's row as gone (a graceful stop): ``stopped_us`` = now."""
+
+    def publish_catalog(  # noqa: B027 - optional hook
+        self, replica_id: str, entries: Sequence[CatalogEntry]
+    ) -> None:
+        """Record that ``replica_id`` has exactly ``entries`` (rows of other
+        entries of that replica are deleted). Idempotent."""
+
+    def pauses(self) -> list[Pause]:
+        """The pauses in force now (``until_us`` NULL or after now), by entry;
+        reads :attr:`controls_version` too (the version these pauses are of)."""
+        return []
+
+    def prune_fleet(self, retention_us: int) -> int:
+        """Delete the fleet's rows that say nothing any more; return how many.
+
+        Those are: replica rows stopped, or not seen, for longer than
+        ``retention_us``; the catalog rows of replicas that have no row; the
+        run-now request rows whose slot row is gone (pruned once sent). Never a
+        live replica's rows (the retention is at least four leases, a live
+        replica heartbeats every few seconds). Safe from several replicas at
+        once; a periodic prune calls it after :meth:`prune`.
+        """
+        return 0
 
     # -- singleton keys (SingletonTask) -------------------------------------
 
@@ -337,6 +495,19 @@ class Store(ABC):
         """
         done = self.abandon_run(run) if outcome is None else self.finish_run(run, outcome)
         return done, self.release_lease(lease)
+
+    def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
+        """Write again the run rows a worker process wrote lately; return those
+        the database had lost (a failover to a standby that lagged behind).
+
+        For each record: a missing row is inserted as recorded (finished with
+        its outcome, or running until its ``expires_us``); a row still running
+        with the record's ``run_id`` while the record is finished is finished
+        as recorded. Any other row is left alone: a later start retook the
+        slot, or the row says all the record says. Idempotent. A store that
+        cannot lose committed writes returns ``[]`` (the default).
+        """
+        return []
 
     @abstractmethod
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:

@@ -41,6 +41,10 @@ class LeaseDialect:
     prune_runs: str
     prune_locks: str
     prune_turn: str
+    #: a run row written again after a failover (Store.reassert_runs): inserted
+    #: only when missing, then finished when it still runs under the same run_id
+    reinsert_run: str
+    refinish_run: str
     #: begin_run + acquire in one statement ("": the store makes two calls)
     begin_slot: str = ""
     #: finish_run/abandon_run + release in one statement ("": two calls)
@@ -150,6 +154,15 @@ POSTGRESQL = LeaseDialect(
     prune_turn="""
         UPDATE {m} SET value_us = {now} + :every_us
         WHERE key = 'prune_singletons' AND value_us <= {now}""",
+    reinsert_run="""
+        INSERT INTO {r} (entry, slot_us, run_id, state, owner, task_id, expires_us,
+                         started_us, finished_us, outcome, attempts, repeats)
+        VALUES (:entry, :slot_us, :run_id, :state, :owner, :task_id, :expires_us,
+                :started_us, :finished_us, :outcome, 1, 0)
+        ON CONFLICT (entry, slot_us) DO NOTHING""",
+    refinish_run="""
+        UPDATE {r} SET state = 1, finished_us = :finished_us, outcome = :outcome
+        WHERE entry = :entry AND slot_us = :slot_us AND run_id = :run_id AND state = 0""",
     # the lease is taken only when this call started the run (a repeat takes
     # nothing); cur, as in acquire, is the key's row as the snapshot saw it
     begin_slot=f"""
@@ -233,6 +246,12 @@ MYSQL = LeaseDialect(
     prune_turn="""
         UPDATE {m} SET value_us = {now} + :every_us
         WHERE `key` = 'prune_singletons' AND value_us <= {now}""",
+    reinsert_run="""
+        INSERT IGNORE INTO {r} (entry, slot_us, run_id, state, owner, task_id, expires_us,
+                                started_us, finished_us, outcome, attempts, repeats)
+        VALUES (:entry, :slot_us, :run_id, :state, :owner, :task_id, :expires_us,
+                :started_us, :finished_us, :outcome, 1, 0)""",
+    refinish_run=POSTGRESQL.refinish_run,
 )
 
 _LITE_TAKE = "(state = 0 AND expires_us < excluded.started_us)"
@@ -277,6 +296,8 @@ SQLITE = LeaseDialect(
     prune_runs=POSTGRESQL.prune_runs,
     prune_locks=POSTGRESQL.prune_locks,
     prune_turn=POSTGRESQL.prune_turn,
+    reinsert_run=POSTGRESQL.reinsert_run,
+    refinish_run=POSTGRESQL.refinish_run,
 )
 
 _FAMILIES = {

@@ -8,7 +8,17 @@ Entry names compare byte for byte (``utf8mb4_bin`` on MySQL/MariaDB).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, SmallInteger, String, Table
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
 from sqlalchemy.dialects import mysql
 
 #: Bump when the tables change incompatibly; a release refuses a newer schema
@@ -27,9 +37,11 @@ _Name = String(MAX_ENTRY_NAME).with_variant(
 
 class Tables:
     """The tables, named with the configured prefix: three for the scheduler,
-    two for :class:`~celery_singlebeat.SingletonTask`."""
+    two for :class:`~celery_singlebeat.SingletonTask`, four for operating the
+    fleet (replicas, the entries each replica has, pauses, run-now requests)."""
 
     def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.metadata = MetaData()
         self.meta = Table(
             f"{prefix}meta",
@@ -96,4 +108,86 @@ class Tables:
             # deliveries dropped as duplicates, and the last one's instant
             Column("repeats", Integer, nullable=False),
             Column("last_repeat_us", BigInteger, nullable=True),
+        )
+
+        # -- operating the fleet (docs/operations.md) ---------------------------
+        # One row per beat process, kept fresh by its sweeps (Store.heartbeat);
+        # a graceful stop sets stopped_us, a killed replica just stops being seen.
+        self.replicas = Table(
+            f"{prefix}replicas",
+            self.metadata,
+            Column("id", String(120), primary_key=True),
+            Column("host", String(255), nullable=False),
+            Column("pid", Integer, nullable=False),
+            Column("version", String(64), nullable=False),
+            Column("started_us", BigInteger, nullable=False),
+            # database clock of the last heartbeat: its last successful round trip
+            # that the row records (at most one sweep old while it runs)
+            Column("seen_us", BigInteger, nullable=False),
+            # the replica's estimate of the database clock at its last loop
+            Column("loop_us", BigInteger, nullable=False),
+            Column("offset_us", BigInteger, nullable=False),
+            Column("tracked", Integer, nullable=False),
+            Column("proposes_first", Integer, nullable=False),
+            # how often it heartbeats: a reader calls it gone after a few misses
+            Column("heartbeat_us", BigInteger, nullable=False),
+            Column("stopped_us", BigInteger, nullable=True),
+            # the id of the catalog it published (a digest of its entries)
+            Column("catalog", String(64), nullable=True),
+            # slots it had sent that a failover lost, written again (failover.py)
+            Column("lost_writes", Integer, nullable=False, default=0),
+        )
+        # The entries each replica has, with what an operator needs to read them
+        # (Store.publish_catalog): a control for a name no live replica has is
+        # refused, and a run-now is taken only by a replica that can send it.
+        #
+        # Stored by content: a catalog's id is a digest of its entries, and the
+        # replicas that run the same beat_schedule (every pod of one release)
+        # share one copy. N replicas of E entries keep E rows, not N x E: a pod
+        # that starts writes nothing when its catalog is there, and status reads
+        # E rows whatever the fleet's size. The header row is written with every
+        # publish; prune removes a catalog only when no replica row names it
+        # and its header is older than the retention (a publish in flight has
+        # refreshed it).
+        self.catalogs = Table(
+            f"{prefix}catalogs",
+            self.metadata,
+            Column("id", String(64), primary_key=True),
+            Column("entries", Integer, nullable=False),
+            Column("published_us", BigInteger, nullable=False),
+        )
+        self.catalog = Table(
+            f"{prefix}catalog",
+            self.metadata,
+            # entry first: status groups by entry along the primary key
+            Column("entry", _Name, primary_key=True),
+            Column("catalog", String(64), primary_key=True),
+            Column("task", String(255), nullable=False),
+            # human text ("every 10s", "crontab(*/5 * * * *) Europe/Paris")
+            Column("schedule", String(500), nullable=False),
+            # JSON a reader rebuilds the slot sequence from (slots.describe_schedule)
+            Column("spec", Text, nullable=False),
+            Index(f"ix_{prefix}catalog_catalog", "catalog"),
+        )
+        # Paused entries; entry "*" pauses all. Claims and takeovers skip a slot
+        # of a paused entry while until_us is NULL or in the future.
+        self.pauses = Table(
+            f"{prefix}pauses",
+            self.metadata,
+            Column("entry", _Name, primary_key=True),
+            Column("until_us", BigInteger, nullable=True),
+            Column("paused_by", String(120), nullable=False),
+            Column("reason", String(500), nullable=False),
+            Column("at_us", BigInteger, nullable=False),
+        )
+        # Run-now requests: each is also an abandoned slot row (fence 0) that a
+        # sweep takes over and sends like any slot; this row says who asked.
+        self.requests = Table(
+            f"{prefix}requests",
+            self.metadata,
+            Column("entry", _Name, primary_key=True),
+            Column("slot_us", BigInteger, primary_key=True, autoincrement=False),
+            Column("requested_by", String(120), nullable=False),
+            Column("reason", String(500), nullable=False),
+            Column("at_us", BigInteger, nullable=False),
         )

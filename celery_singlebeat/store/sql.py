@@ -9,13 +9,14 @@ means "the database did not decide" becomes ``StoreUnavailable``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import create_engine, event, inspect, text
@@ -24,19 +25,25 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.sql.elements import TextClause
 
 from ..clock import DatabaseClock
-from ..exceptions import SchemaError, StoreUnavailable
+from ..exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from ..redact import Secrets
 from .base import (
+    CONTROLS_KEY,
     EARLY_TOLERANCE_US,
     Busy,
+    CatalogEntry,
     Claim,
     EntryState,
     Lease,
+    Pause,
+    ReplicaInfo,
     Run,
     RunBegin,
+    RunRecord,
     RunStatus,
     SlotKey,
     Store,
+    controls_channel,
 )
 from .lease_statements import LeaseDialect, lease_dialect_for
 from .schema import SCHEMA_VERSION, Tables
@@ -44,6 +51,7 @@ from .statements import Dialect, dialect_for
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from .listening import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
 
@@ -126,6 +134,8 @@ class SqlStore(Store):
             else:
                 options[key] = value
         options["isolation_level"] = "AUTOCOMMIT"
+        #: what every connection is opened with (the listener's too)
+        self._connect_args: dict[str, Any] = dict(options.get("connect_args", {}))
         if self.backend == "postgresql" and url.drivername == "postgresql":
             # the plain scheme means psycopg2 to SQLAlchemy; we ship psycopg 3
             url = url.set(drivername="postgresql+psycopg")
@@ -136,15 +146,45 @@ class SqlStore(Store):
         self._install_session_setup()
         self.tables = Tables(table_prefix)
         self.sql: Dialect = dialect_for(self.backend, table_prefix)
+        #: replica id -> the id of the catalog it last published
+        self._catalogs: dict[str, str] = {}
+        #: raise ConnectionReplaced instead of sending a statement on the new
+        #: connection that replaced a broken one (the scheduler sets it)
+        self.stop_at_reconnect = False
         self.lease_sql: LeaseDialect = lease_dialect_for(self.backend, table_prefix)
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
         self.round_trips = 0
+        #: claimed-but-unsent rows in the store, as the last heartbeat counted them
+        self.open_claims: int | None = None
         self._texts: dict[str, TextClause] = {}
 
+        #: called with (seconds, ok) after each statement (metrics, readiness)
+        self.on_round_trip: Callable[[float, bool], None] | None = None
+
         @event.listens_for(self.engine, "before_cursor_execute")
-        def _count(*_args: Any) -> None:
+        def _count(
+            _conn: Any, _cursor: Any, _stmt: Any, _params: Any, context: Any, _many: Any
+        ) -> None:
             self.round_trips += 1
+            if self.on_round_trip is not None and context is not None:
+                context._singlebeat_sent = time.perf_counter()
+
+        @event.listens_for(self.engine, "after_cursor_execute")
+        def _answered(
+            _conn: Any, _cursor: Any, _stmt: Any, _params: Any, context: Any, _many: Any
+        ) -> None:
+            hook = self.on_round_trip
+            sent = getattr(context, "_singlebeat_sent", None)
+            if hook is not None and sent is not None:
+                hook(time.perf_counter() - sent, True)
+
+        @event.listens_for(self.engine, "handle_error")
+        def _failed(context: Any) -> None:
+            hook = self.on_round_trip
+            sent = getattr(context.execution_context, "_singlebeat_sent", None)
+            if hook is not None:
+                hook(time.perf_counter() - sent if sent is not None else 0.0, False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlStore:
@@ -209,14 +249,29 @@ class SqlStore(Store):
         #: set once a pooled connection was found dead: until when to reconnect
         reconnect_until: float | None = None
         pause = RECONNECT_PAUSE_S
+        broken = False
         while True:
             attempt += 1
             connected = False
             try:
                 with self._connect() as conn:
                     connected = True
+                    if broken and self.stop_at_reconnect:
+                        # connected again, maybe to another server: the caller
+                        # writes back what it sent before this statement goes
+                        raise ConnectionReplaced(
+                            f"{what}: the connection to the database broke; reconnected"
+                        )
                     return work(conn)
             except DBAPIError as exc:
+                if (
+                    not connected
+                    or exc.connection_invalidated
+                    or getattr(exc.orig, "singlebeat_no_answer", False)
+                ):
+                    # the answer, if any, may come from another server next time
+                    self.interruptions += 1
+                    broken = True
                 if getattr(exc.orig, "singlebeat_no_answer", False):
                     # the server (or the path to it) went silent: a new
                     # connection would wait out its connect_timeout in vain
@@ -249,6 +304,7 @@ class SqlStore(Store):
                     continue
                 raise self._unavailable(what, exc) from self.secrets.cause(exc)
             except SQLAlchemyError as exc:
+                self.interruptions += 1
                 raise self._unavailable(what, exc) from self.secrets.cause(exc)
 
     def _unavailable(self, what: str, exc: SQLAlchemyError) -> StoreUnavailable:
@@ -302,7 +358,7 @@ class SqlStore(Store):
                 self._text(self.sql.meta_insert),
                 {"key": "schema_version", "value_us": SCHEMA_VERSION},
             )
-            for turn in ("prune", "prune_singletons"):
+            for turn in ("prune", "prune_singletons", CONTROLS_KEY):
                 conn.execute(self._text(self.sql.meta_insert), {"key": turn, "value_us": 0})
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
@@ -353,13 +409,15 @@ class SqlStore(Store):
             return self._run(
                 "claim",
                 lambda conn: _claims(
-                    self._fetch(
-                        conn,
-                        self.sql.claim,
-                        owner=owner,
-                        slots=payload,
-                        lease_us=lease_us,
-                        early_us=EARLY_TOLERANCE_US,
+                    self._note_controls(
+                        self._fetch(
+                            conn,
+                            self.sql.claim,
+                            owner=owner,
+                            slots=payload,
+                            lease_us=lease_us,
+                            early_us=EARLY_TOLERANCE_US,
+                        )
                     )
                 ),
             )
@@ -376,7 +434,11 @@ class SqlStore(Store):
                     "early_us": EARLY_TOLERANCE_US,
                 },
             )
-            return _claims(self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner))
+            return _claims(
+                self._note_controls(
+                    self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
+                )
+            )
 
         return self._run("claim", work)
 
@@ -419,6 +481,14 @@ class SqlStore(Store):
 
         return self._run("confirm", work)
 
+    def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
+        sent = list(dict.fromkeys(sent))
+        if not sent:
+            return []
+        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in sent])
+        params = {"owner": owner, "slots": payload}
+        return self._won("write sent slots again", self.sql.reassert, params, sent=True)
+
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         if not claims:
             return
@@ -427,31 +497,39 @@ class SqlStore(Store):
         self._run("release", lambda conn: conn.execute(self._text(self.sql.release), params))
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        # run-now rows only for the entries of the catalog this replica published
+        params = {
+            "owner": owner,
+            "lease_us": lease_us,
+            "limit": limit,
+            "catalog": self._catalogs.get(owner),
+        }
+        return self._won("take over", self.sql.take_over, params, sent=False)
+
+    def _won(self, what: str, statement: str, params: dict[str, Any], sent: bool) -> list[Claim]:
+        """The rows a statement won for ``params["owner"]``, oldest first.
+
+        With RETURNING they come back with it; on MySQL the statement marks them
+        with a batch id of its own and a second statement reads them back, only
+        when the first changed a row. ``sent``: the rows it wins are sent ones
+        (reassert) rather than claims (take_over).
+        """
         if self.sql.returning:
             return _oldest_first(
-                self._run(
-                    "take over",
-                    lambda conn: _claims(
-                        self._fetch(
-                            conn, self.sql.take_over, owner=owner, lease_us=lease_us, limit=limit
-                        )
-                    ),
-                )
+                self._run(what, lambda conn: _claims(self._fetch(conn, statement, **params)))
             )
         batch = uuid.uuid4().hex
+        owner = params["owner"]
 
         def work(conn: Connection) -> list[Claim]:
-            result = conn.execute(
-                self._text(self.sql.take_over),
-                {"owner": owner, "lease_us": lease_us, "limit": limit, "batch": batch},
-            )
-            if result.rowcount == 0:
-                self._fetch(conn, self.sql.ping)
+            if conn.execute(self._text(statement), {**params, "batch": batch}).rowcount == 0:
+                # nothing to read back; the heartbeat sent with every sweep
+                # feeds the clock (a ping here cost MySQL one statement a sweep)
                 return []
             rows = self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
-            return _claims([r for r in rows if r[4] in (None, 0)])
+            return _claims([r for r in rows if sent or r[4] in (None, 0)])
 
-        return _oldest_first(self._run("take over", work))
+        return _oldest_first(self._run(what, work))
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         def work(conn: Connection) -> int | None:
@@ -465,6 +543,132 @@ class SqlStore(Store):
             return int(deleted.rowcount)
 
         return self._run("prune", work)
+
+    def _note_controls(self, rows: list[Any]) -> list[Any]:
+        """Keep the control version a statement read in its last column."""
+        if rows and rows[0][-1] is not None:
+            self.controls_version = int(rows[0][-1])
+        return rows
+
+    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
+        params = {
+            "id": info.id,
+            "host": info.host,
+            "pid": info.pid,
+            "version": info.version,
+            "started_us": info.started_us,
+            "loop_us": info.loop_us,
+            "offset_us": info.offset_us,
+            "tracked": info.tracked,
+            "first": info.proposes_first,
+            "heartbeat_us": info.heartbeat_us,
+            "window_us": window_us,
+            "catalog": self._catalogs.get(info.id),
+            "lost_writes": info.lost_writes,
+        }
+
+        def work(conn: Connection) -> list[Any]:
+            if self.sql.heartbeat_read:
+                conn.execute(self._text(self.sql.heartbeat), params)
+                return self._fetch(conn, self.sql.heartbeat_read, window_us=window_us)
+            return self._fetch(conn, self.sql.heartbeat, **params)
+
+        rows = self._run("heartbeat", work)
+        if not rows:
+            return []
+        _now, version, open_claims, _owner = rows[0]
+        self.controls_version = None if version is None else int(version)
+        self.open_claims = int(open_claims)
+        if self.backend == "sqlite":
+            # one row; the owners come as a JSON array
+            return sorted(str(o) for o in json.loads(rows[0][3] or "[]") if o is not None)
+        return sorted(str(r[3]) for r in rows if r[3] is not None)
+
+    def stopped(self, replica_id: str) -> None:
+        self._run(
+            "mark replica stopped",
+            lambda conn: conn.execute(self._text(self.sql.stopped), {"id": replica_id}),
+        )
+
+    def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
+        # Content-addressed (schema.py says why): the id is a digest of the
+        # entries, so every replica of one release names the same catalog.
+        # The header is upserted first: it holds the row lock a concurrent
+        # prune needs, and its fresh published_us keeps the catalog out of
+        # that prune's reach until this replica's row names it. The rows are
+        # written only when the catalog is not all there (the first replica of
+        # a release, or after a prune), in the same transaction, so a reader
+        # sees a catalog whole or not at all.
+        ordered = sorted(entries, key=lambda e: e.entry)
+        rows = json.dumps([[e.entry, e.task, e.schedule, e.spec] for e in ordered])
+        catalog = hashlib.sha256(rows.encode()).hexdigest()[:32]
+        params = {"catalog": catalog, "entries": len(ordered), "replica": replica_id}
+
+        def work(conn: Connection) -> None:
+            conn.execute(self._text(self.sql.catalog_header), params)
+            have = self._fetch(conn, self.sql.catalog_count, catalog=catalog)
+            if int(have[0][0]) < len(ordered):
+                conn.execute(self._text(self.sql.catalog_insert), {**params, "rows": rows})
+            conn.execute(self._text(self.sql.catalog_assign), params)
+
+        self._run("publish catalog", work)
+        # the heartbeat names it too: the replica's row may not exist yet
+        self._catalogs[replica_id] = catalog
+
+    def pauses(self) -> list[Pause]:
+        # the control version comes along: the pauses read are those of that version
+        rows = self._note_controls(
+            self._run("read pauses", lambda conn: self._fetch(conn, self.sql.pauses))
+        )
+        return sorted(
+            (
+                Pause(
+                    str(r[1]), None if r[2] is None else int(r[2]), str(r[3]), str(r[4]), int(r[5])
+                )
+                for r in rows
+                if r[1] is not None
+            ),
+            key=lambda p: p.entry,
+        )
+
+    def listen(self) -> ControlListener | None:
+        """A connection that hears every control change at its commit
+        (PostgreSQL LISTEN), or None where the database has no such thing.
+        Raises :class:`StoreUnavailable` when it cannot connect."""
+        if self.backend != "postgresql" or self.engine.dialect.driver != "psycopg":
+            return None
+        from .listening import ControlListener
+
+        what = "listen for controls"
+        # A connection of its own, not one of the pool's: taking the pool's
+        # warm connection would leave the statements it ran unreported in the
+        # server's statistics until it idles 10 s, and the pool would open
+        # another. Same parameters as the engine's connections.
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        cparams = {**cparams, **self._connect_args}
+        cparams.pop("read_timeout", None)  # no libpq option (psycopg_timeout's)
+        try:
+            import psycopg
+
+            driver = psycopg.connect(*cargs, **cparams)
+        except Exception as exc:
+            raise StoreUnavailable(
+                self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
+            ) from None
+        try:
+            return ControlListener(driver, controls_channel(self.tables.prefix))
+        except Exception as exc:
+            with suppress(Exception):
+                driver.close()
+            raise StoreUnavailable(
+                self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
+            ) from None
+
+    def prune_fleet(self, retention_us: int) -> int:
+        # the fleet's statements and their wrapping live with the operator's reads
+        from .fleet import Fleet
+
+        return sum(Fleet(self).prune_fleet(retention_us))
 
     def recent_owners(self, window_us: int) -> list[str]:
         rows = self._run(
@@ -617,6 +821,38 @@ class SqlStore(Store):
 
     def abandon_run(self, run: Run) -> bool:
         return self._run_update("abandon run", self.lease_sql.abandon_run, run)
+
+    def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
+        if not records:
+            return []
+        sql = self.lease_sql
+
+        def work(conn: Connection) -> list[RunRecord]:
+            # a worker process's runs of the last window: a few rows, one
+            # statement or two each, in one transaction
+            again: list[RunRecord] = []
+            for record in records:
+                params = {
+                    "entry": record.run.entry,
+                    "slot_us": record.run.slot_us,
+                    "run_id": record.run.run_id,
+                    "state": 0 if record.outcome is None else 1,
+                    "owner": record.owner,
+                    "task_id": record.task_id,
+                    "expires_us": record.expires_us,
+                    "started_us": record.started_us,
+                    "finished_us": record.finished_us,
+                    "outcome": record.outcome,
+                }
+                written = conn.execute(self._text(sql.reinsert_run), params).rowcount == 1
+                if not written and record.outcome is not None:
+                    refinish = conn.execute(self._text(sql.refinish_run), params)
+                    written = refinish.rowcount == 1
+                if written:
+                    again.append(record)
+            return again
+
+        return self._run("write run rows again", work)
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         sql = self.lease_sql

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Dialect:
     """Statement texts for one database family; ``{e}``/``{s}``/``{m}`` are the
-    entries, slots and meta table names."""
+    entries, slots and meta table names, ``{r}``/``{k}``/``{h}``/``{p}`` the
+    replicas, catalog rows, catalog headers and pauses tables."""
 
     name: str
     now: str
@@ -30,6 +31,10 @@ class Dialect:
     claim: str
     take_over: str
     confirm: str
+    #: insert ``:slots`` as sent by ``:owner`` where missing, mark them sent where
+    #: still claimed by ``:owner`` at that fence (Store.reassert); MySQL marks
+    #: the rows it wrote with ``:batch`` and reads them with ``select_batch``
+    reassert: str
     select_batch: str
     release: str
     prune_turn: str
@@ -37,9 +42,31 @@ class Dialect:
     prune_delete: str
     meta_insert: str
     recent_owners: str
+    #: upsert the replica's row and read (now, controls version, open claims,
+    #: recent owner); with ``heartbeat_read`` set, the read is a second statement
+    heartbeat: str
+    heartbeat_read: str
+    stopped: str
+    #: upsert the catalog's header row (``:catalog``, ``:entries``) with now
+    catalog_header: str
+    #: how many rows catalog ``:catalog`` has
+    catalog_count: str
+    #: insert the rows of ``:catalog`` from ``:rows``, skipping those there
+    catalog_insert: str
+    #: point the replica's row (if any) at ``:catalog``
+    catalog_assign: str
+    pauses: str
 
     def render(self, prefix: str) -> Dialect:
-        names = {"e": f"{prefix}entries", "s": f"{prefix}slots", "m": f"{prefix}meta"}
+        names = {
+            "e": f"{prefix}entries",
+            "s": f"{prefix}slots",
+            "m": f"{prefix}meta",
+            "r": f"{prefix}replicas",
+            "k": f"{prefix}catalog",
+            "h": f"{prefix}catalogs",
+            "p": f"{prefix}pauses",
+        }
         values = {
             field: (
                 getattr(self, field).replace("{now}", self.now).format(**names)
@@ -52,6 +79,17 @@ class Dialect:
 
 
 _PG_NOW = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT))"
+#: the control version and whether every entry is paused, read once per statement
+_CONTROLS = "(SELECT value_us FROM {m} WHERE key = 'controls')"
+
+
+def _paused(entry: str, now: str) -> str:
+    """True when ``entry`` (an SQL expression) is paused at ``now``: its own
+    pause or the pause of every entry ("*"), either without end or ending later."""
+    return f"""EXISTS (SELECT 1 FROM {{p}} p WHERE p.entry IN ({entry}, '*')
+                   AND (p.until_us IS NULL OR p.until_us > {now}))"""
+
+
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
                        CAST(v ->> 2 AS BIGINT) AS fence
                 FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
@@ -78,7 +116,7 @@ POSTGRESQL = Dialect(
             ON c.name = e.name
         ) ON true""",
     claim=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us, {_CONTROLS} AS cv),
         won AS (
             INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us, claimed_us)
             SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, n.us + :lease_us, n.us
@@ -86,6 +124,7 @@ POSTGRESQL = Dialect(
             JOIN {{e}} e ON e.name = c.entry
             CROSS JOIN n
             WHERE c.slot_us > COALESCE(e.last_slot_us, -1) AND c.slot_us <= n.us + :early_us
+              AND NOT {_paused("c.entry", "n.us")}
             ORDER BY c.entry, c.slot_us
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
@@ -94,12 +133,15 @@ POSTGRESQL = Dialect(
                   AND (s.lease_until_us < EXCLUDED.claimed_us OR s.owner = EXCLUDED.owner)
             RETURNING s.entry, s.slot_us, s.fence
         )
-        SELECT n.us, won.entry, won.slot_us, won.fence FROM n LEFT JOIN won ON true""",
+        SELECT n.us, won.entry, won.slot_us, won.fence, n.cv FROM n LEFT JOIN won ON true""",
     take_over=f"""
         WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
         victims AS (
             SELECT s.entry, s.slot_us FROM {{s}} s
             WHERE s.state = 0 AND s.lease_until_us < (SELECT us FROM n)
+              AND NOT {_paused("s.entry", "(SELECT us FROM n)")}
+              AND (s.fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
+                                          WHERE k.catalog = :catalog AND k.entry = s.entry))
             ORDER BY s.slot_us, s.entry
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
@@ -122,6 +164,19 @@ POSTGRESQL = Dialect(
             RETURNING s.entry, s.slot_us, s.fence
         )
         SELECT n.us, done.entry, done.slot_us, done.fence FROM n LEFT JOIN done ON true""",
+    reassert=f"""
+        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        again AS (
+            INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us,
+                claimed_us, sent_us)
+            SELECT c.entry, c.slot_us, 1, :owner, c.fence, 0, n.us, n.us
+            FROM {_PG_SLOTS} CROSS JOIN n
+            ON CONFLICT (entry, slot_us) DO UPDATE
+                SET state = 1, sent_us = COALESCE(s.sent_us, EXCLUDED.sent_us)
+                WHERE s.state = 0 AND s.owner = EXCLUDED.owner AND s.fence = EXCLUDED.fence
+            RETURNING s.entry, s.slot_us, s.fence
+        )
+        SELECT n.us, again.entry, again.slot_us, again.fence FROM n LEFT JOIN again ON true""",
     select_batch="",
     release=f"""
         UPDATE {{s}} s SET lease_until_us = CASE WHEN :retry_us = 0 THEN 0
@@ -150,9 +205,47 @@ POSTGRESQL = Dialect(
         SELECT n.us, o.owner FROM n LEFT JOIN (
             SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
         ) o ON true""",
+    # the write happens whatever the SELECT reads (a data-modifying CTE always runs)
+    heartbeat=f"""
+        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        up AS (
+            INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
+                offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
+            SELECT :id, :host, :pid, :version, :started_us, n.us, :loop_us, :offset_us,
+                :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes FROM n
+            ON CONFLICT (id) DO UPDATE SET seen_us = EXCLUDED.seen_us,
+                lost_writes = EXCLUDED.lost_writes,
+                catalog = COALESCE(EXCLUDED.catalog, r.catalog),
+                loop_us = EXCLUDED.loop_us, offset_us = EXCLUDED.offset_us,
+                tracked = EXCLUDED.tracked, proposes_first = EXCLUDED.proposes_first,
+                heartbeat_us = EXCLUDED.heartbeat_us, version = EXCLUDED.version,
+                stopped_us = NULL
+            RETURNING 1
+        )
+        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.owner
+        FROM n LEFT JOIN (
+            SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
+        ) o ON true""",
+    heartbeat_read="",
+    stopped=f"UPDATE {{r}} SET stopped_us = {_PG_NOW} WHERE id = :id",
+    catalog_header=f"""
+        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_PG_NOW})
+        ON CONFLICT (id) DO UPDATE SET published_us = EXCLUDED.published_us""",
+    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
+    catalog_insert="""
+        INSERT INTO {k} (entry, catalog, task, schedule, spec)
+        SELECT v ->> 0, :catalog, v ->> 1, v ->> 2, v ->> 3
+        FROM jsonb_array_elements(CAST(:rows AS jsonb)) AS j(v)
+        ON CONFLICT (entry, catalog) DO NOTHING""",
+    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
+    pauses=f"""
+        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
+        SELECT n.us, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_CONTROLS}
+        FROM n LEFT JOIN {{p}} p ON p.until_us IS NULL OR p.until_us > n.us""",
 )
 
 _MY_NOW = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))"
+_MY_CONTROLS = "(SELECT value_us FROM {m} WHERE `key` = 'controls')"
 _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
                 entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
                 slot_us BIGINT PATH '$[1]',
@@ -188,6 +281,7 @@ MYSQL = Dialect(
         JOIN {{e}} e ON e.name = c.entry COLLATE utf8mb4_bin
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
           AND c.slot_us <= {_MY_NOW} + :early_us
+          AND NOT {_paused("c.entry COLLATE utf8mb4_bin", _MY_NOW)}
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
             batch = IF(state = 0 AND (lease_until_us < VALUES(claimed_us) OR owner = VALUES(owner)),
@@ -200,6 +294,9 @@ MYSQL = Dialect(
         UPDATE {{s}} SET batch = :batch, owner = :owner, fence = fence + 1,
             lease_until_us = {_MY_NOW} + :lease_us, claimed_us = {_MY_NOW}
         WHERE state = 0 AND lease_until_us < {_MY_NOW}
+          AND NOT {_paused("{s}.entry", _MY_NOW)}
+          AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
+                                    WHERE k.catalog = :catalog AND k.entry = {{s}}.entry))
         ORDER BY slot_us, entry
         LIMIT :limit""",
     confirm=f"""
@@ -208,8 +305,21 @@ MYSQL = Dialect(
                AND s.fence = c.fence
         SET s.state = 1, s.sent_us = COALESCE(s.sent_us, {_MY_NOW})
         WHERE s.owner = :owner""",
+    # ON DUPLICATE KEY UPDATE assigns left to right, each seeing the ones before:
+    # the batch is set first, on the condition, and the rest follow it
+    reassert=f"""
+        INSERT INTO {{s}} (entry, slot_us, state, owner, fence, lease_until_us, claimed_us,
+            sent_us, batch)
+        SELECT c.entry, c.slot_us, 1, :owner, c.fence, 0, {_MY_NOW}, {_MY_NOW}, :batch
+        FROM {_MY_SLOTS}
+        ON DUPLICATE KEY UPDATE
+            batch = IF({{s}}.state = 0 AND {{s}}.owner = VALUES(owner)
+                       AND {{s}}.fence = VALUES(fence), VALUES(batch), {{s}}.batch),
+            sent_us = IF({{s}}.batch <=> VALUES(batch),
+                         COALESCE({{s}}.sent_us, VALUES(sent_us)), {{s}}.sent_us),
+            state = IF({{s}}.batch <=> VALUES(batch), 1, {{s}}.state)""",
     select_batch=f"""
-        SELECT {_MY_NOW}, s.entry, s.slot_us, s.fence, s.state
+        SELECT {_MY_NOW}, s.entry, s.slot_us, s.fence, s.state, {_MY_CONTROLS}
         FROM (SELECT 1 AS one) d LEFT JOIN {{s}} s ON s.batch = :batch AND s.owner = :owner""",
     release=f"""
         UPDATE {{s}} s JOIN {_MY_SLOTS}
@@ -237,6 +347,41 @@ MYSQL = Dialect(
         SELECT {_MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
         ) o ON true""",
+    # no RETURNING, no writing CTE: the upsert, then the read
+    heartbeat=f"""
+        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
+            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
+        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
+            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
+        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
+            lost_writes = VALUES(lost_writes),
+            catalog = COALESCE(VALUES(catalog), catalog),
+            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
+            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
+            version = VALUES(version), stopped_us = NULL""",
+    heartbeat_read=f"""
+        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.owner
+        FROM (SELECT 1 AS one) d LEFT JOIN (
+            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
+        ) o ON true""",
+    stopped=f"UPDATE {{r}} SET stopped_us = {_MY_NOW} WHERE id = :id",
+    catalog_header=f"""
+        INSERT INTO {{h}} (id, entries, published_us) VALUES (:catalog, :entries, {_MY_NOW})
+        ON DUPLICATE KEY UPDATE published_us = VALUES(published_us)""",
+    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
+    catalog_insert="""
+        INSERT IGNORE INTO {k} (entry, catalog, task, schedule, spec)
+        SELECT c.entry, :catalog, c.task, c.schedule, c.spec
+        FROM JSON_TABLE(:rows, '$[*]' COLUMNS (
+            entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
+            task VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[1]',
+            schedule VARCHAR(500) CHARACTER SET utf8mb4 PATH '$[2]',
+            spec LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) c""",
+    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
+    pauses=f"""
+        SELECT {_MY_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_MY_CONTROLS}
+        FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
+            ON p.until_us IS NULL OR p.until_us > {_MY_NOW}""",
 )
 
 _LITE_NOW = "(CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))"
@@ -266,18 +411,22 @@ SQLITE = Dialect(
         JOIN {{e}} e ON e.name = json_extract(c.value, '$[0]')
         WHERE json_extract(c.value, '$[1]') > COALESCE(e.last_slot_us, -1)
           AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
+          AND NOT {_paused("json_extract(c.value, '$[0]')", _LITE_NOW)}
         ORDER BY 1, 2
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET owner = excluded.owner, fence = s.fence + 1,
                 lease_until_us = excluded.lease_until_us, claimed_us = excluded.claimed_us
             WHERE s.state = 0
               AND (s.lease_until_us < excluded.claimed_us OR s.owner = excluded.owner)
-        RETURNING {_LITE_NOW}, entry, slot_us, fence""",
+        RETURNING {_LITE_NOW}, entry, slot_us, fence, {_CONTROLS}""",
     take_over=f"""
         UPDATE {{s}} SET owner = :owner, fence = fence + 1,
             lease_until_us = {_LITE_NOW} + :lease_us, claimed_us = {_LITE_NOW}
         WHERE rowid IN (
             SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {_LITE_NOW}
+              AND NOT {_paused("{s}.entry", _LITE_NOW)}
+              AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
+                                        WHERE k.catalog = :catalog AND k.entry = {{s}}.entry))
             ORDER BY slot_us, entry LIMIT :limit)
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     confirm=f"""
@@ -285,6 +434,16 @@ SQLITE = Dialect(
         WHERE owner = :owner AND (entry, slot_us, fence) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                    json_extract(value, '$[2]') FROM json_each(:slots))
+        RETURNING {_LITE_NOW}, entry, slot_us, fence""",
+    reassert=f"""
+        INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us,
+            claimed_us, sent_us)
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), 1, :owner,
+            json_extract(value, '$[2]'), 0, {_LITE_NOW}, {_LITE_NOW}
+        FROM json_each(:slots) WHERE true
+        ON CONFLICT (entry, slot_us) DO UPDATE
+            SET state = 1, sent_us = COALESCE(s.sent_us, excluded.sent_us)
+            WHERE s.state = 0 AND s.owner = excluded.owner AND s.fence = excluded.fence
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     select_batch="",
     release=f"""
@@ -313,6 +472,38 @@ SQLITE = Dialect(
         SELECT {_LITE_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_LITE_NOW} - :window_us
         ) o ON true""",
+    # one statement: RETURNING may read other tables through subqueries
+    heartbeat=f"""
+        INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
+            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
+        VALUES (:id, :host, :pid, :version, :started_us, {_LITE_NOW}, :loop_us, :offset_us,
+            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
+        ON CONFLICT (id) DO UPDATE SET seen_us = excluded.seen_us,
+            lost_writes = excluded.lost_writes,
+            catalog = COALESCE(excluded.catalog, r.catalog),
+            loop_us = excluded.loop_us, offset_us = excluded.offset_us,
+            tracked = excluded.tracked, proposes_first = excluded.proposes_first,
+            heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
+        RETURNING seen_us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+            (SELECT json_group_array(owner) FROM (SELECT DISTINCT owner FROM {{s}}
+             WHERE slot_us > {_LITE_NOW} - :window_us))""",
+    heartbeat_read="",
+    stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
+    catalog_header=f"""
+        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_LITE_NOW})
+        ON CONFLICT (id) DO UPDATE SET published_us = excluded.published_us""",
+    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
+    catalog_insert="""
+        INSERT INTO {k} (entry, catalog, task, schedule, spec)
+        SELECT json_extract(c.value, '$[0]'), :catalog, json_extract(c.value, '$[1]'),
+            json_extract(c.value, '$[2]'), json_extract(c.value, '$[3]')
+        FROM json_each(:rows) c WHERE true
+        ON CONFLICT (entry, catalog) DO NOTHING""",
+    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
+    pauses=f"""
+        SELECT {_LITE_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_CONTROLS}
+        FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
+            ON p.until_us IS NULL OR p.until_us > {_LITE_NOW}""",
 )
 
 

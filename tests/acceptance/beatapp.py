@@ -28,12 +28,29 @@ database and broker:
 * ``SB_ROLL``: ``1`` or ``2`` adds entry ``roll-0``, every 2 s (version 1) or
   every 1 s (version 2) of the same entry: replicas with different values run
   two versions of one ``beat_schedule`` side by side, as in a rolling deploy
+* ``SB_RARE``: ``1`` adds entry ``rare-0``, every hour, with ``priority`` 7 in
+  its options: the entry a test runs now (``singlebeat run``), whose scheduled
+  slots never get in the way
+* ``SB_LISTEN``: ``0`` turns singlebeat_listen off
 * ``SB_ENGINE_OPTIONS``: singlebeat_engine_options, as JSON (a password in
   ``connect_args``, to prove it is never printed)
 * ``SB_STORE_DEBUG``: ``1`` logs the store's DEBUG lines (``stale connection,
   reconnecting``, deadlock retries) while the rest stays at INFO
 * ``SB_JSON_LOG``: ``1`` runs the JSON formatter block of docs/operations.md
   ("Log records") as written: every log line becomes one JSON object
+* ``SB_HTTP_PORT``, ``SB_HTTP_BIND``: singlebeat_http_port and _bind (the
+  listener of /livez, /readyz, /metrics); ``SB_STATUS_FILE``:
+  singlebeat_status_file; ``SB_LIVENESS``/``SB_READINESS``:
+  singlebeat_liveness_timeout/_readiness_timeout seconds; ``SB_METRICS``:
+  ``1``/``0`` singlebeat_metrics (unset: the setting's default)
+* ``SB_VIA_EXCHANGE``: ``1`` sends every entry through the exchange named
+  ``SB_QUEUE`` with that routing key (entry ``options``), so every queue bound
+  so receives a copy. Without it Celery publishes straight to the queue (the
+  default exchange) and only that queue gets the message; a benchmark whose
+  worker consumes the queue binds a second one to read every message from.
+* ``SB_HANG_FILE``: while that file exists, the first slot this replica
+  claims blocks its loop (in a ``slot_claimed`` receiver) until the file is
+  removed: a hung tick in a living process, whose HTTP listener still answers
 """
 
 from __future__ import annotations
@@ -41,6 +58,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -86,9 +104,21 @@ if os.environ.get("SB_ROLL"):
         "schedule": timedelta(seconds=roll_every),
         "args": (2000,),
     }
+if os.environ.get("SB_RARE") == "1":
+    schedule["rare-0"] = {
+        "task": task_name,
+        "schedule": timedelta(hours=1),
+        "args": (3000,),
+        "options": {"priority": 7},
+    }
+
+if os.environ.get("SB_VIA_EXCHANGE") == "1":
+    for _entry in schedule.values():
+        _entry["options"] = {**_entry.get("options", {}), "exchange": queue, "routing_key": queue}
 
 app.conf.update(
     beat_scheduler="celery_singlebeat.SingleBeatScheduler",
+    singlebeat_listen=os.environ.get("SB_LISTEN", "1") != "0",
     singlebeat_url=os.environ.get("SB_URL"),
     singlebeat_table_prefix=os.environ.get("SB_PREFIX", "singlebeat_"),
     singlebeat_engine_options=json.loads(os.environ.get("SB_ENGINE_OPTIONS", "{}")),
@@ -103,6 +133,18 @@ app.conf.update(
         if os.environ.get("SB_TAKEOVER_BATCH")
         else {}
     ),
+    **{
+        setting: cast(os.environ[variable])
+        for variable, setting, cast in (
+            ("SB_HTTP_PORT", "singlebeat_http_port", int),
+            ("SB_HTTP_BIND", "singlebeat_http_bind", str),
+            ("SB_STATUS_FILE", "singlebeat_status_file", str),
+            ("SB_LIVENESS", "singlebeat_liveness_timeout", float),
+            ("SB_READINESS", "singlebeat_readiness_timeout", float),
+            ("SB_METRICS", "singlebeat_metrics", lambda v: v == "1"),
+        )
+        if os.environ.get(variable)
+    },
     broker_connection_retry_on_startup=True,
     task_default_queue=queue,
     task_default_exchange=queue,
@@ -172,3 +214,18 @@ if _stop_on == "claimed":
     signals.slot_claimed.connect(_stop, weak=False)
 elif _stop_on == "published":
     signals.slot_published.connect(_stop, weak=False)
+
+
+_hang_file = os.environ.get("SB_HANG_FILE")
+
+
+def _hang(**details: object) -> None:
+    if _hang_file and os.path.exists(_hang_file):
+        print(f"SB-HANGING {details['entry']} {details['task_id']}", flush=True)
+        while os.path.exists(_hang_file):
+            time.sleep(0.05)
+        print("SB-HANG-OVER", flush=True)
+
+
+if _hang_file:
+    signals.slot_claimed.connect(_hang, weak=False)

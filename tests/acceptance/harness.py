@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -447,10 +448,19 @@ class TcpProxy:
     (``tcp_user_timeout``) and keepalives do not fire: what it sees is a
     path through a TCP-terminating middlebox (a sidecar, a pooler) whose far
     side went silent, and only a timeout of the client's own on the reply
-    ends its wait. :meth:`restore` forwards again, what was held included."""
+    ends its wait. :meth:`restore` forwards again, what was held included.
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    ``lag``: seconds by which everything the target sends back reaches the
+    client late (a long link: what the client sends is not delayed, so a
+    request/reply costs one ``lag``). Each chunk is held in order, not
+    throttled; what is held when the connection closes is dropped, as bytes
+    on a wire are when its far end dies. :meth:`move` points the proxy at
+    another target and closes every connection it carries, as an address
+    that moves to another server does; new connections go to the new one."""
+
+    def __init__(self, target: tuple[str, int], lag: float = 0.0) -> None:
         self.target = target
+        self.lag = lag
         self.port = 0
         #: set while forwarding; cleared by blackhole()
         self._open = threading.Event()
@@ -486,20 +496,26 @@ class TcpProxy:
                 return  # cut() shut the listener down
             # black hole: the connection is accepted, and held unforwarded
             self._open.wait()
+            target = self.target
             try:
-                upstream = socket.create_connection(self.target, timeout=5)
+                upstream = socket.create_connection(target, timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 _hard_close(client)
                 continue
             with self._lock:
+                if self.target != target:  # moved meanwhile: reset, as move() does
+                    _hard_close(client)
+                    _hard_close(upstream)
+                    continue
                 if self._listener is not listener:
                     _hard_close(client)
                     _hard_close(upstream)
                     return
                 self._conns.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            back = self._pump_late if self.lag > 0 else self._pump
+            threading.Thread(target=back, args=(upstream, client), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -514,11 +530,55 @@ class TcpProxy:
         except OSError:
             pass
         finally:
-            with self._lock:
-                self._conns.discard(src)
-                self._conns.discard(dst)
-            _hard_close(src)
-            _hard_close(dst)
+            self._forget(src, dst)
+
+    def _pump_late(self, src: socket.socket, dst: socket.socket) -> None:
+        """:meth:`_pump` for the way back when ``lag`` is set: a reader takes
+        chunks off ``src`` as they come and a sender hands each to ``dst``
+        ``lag`` seconds after it was read, so the delay adds no throttling."""
+        held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+
+        def send() -> None:
+            try:
+                while True:
+                    due, data = held.get()
+                    if not data:
+                        break
+                    time.sleep(max(0.0, due - time.monotonic()))
+                    self._open.wait()
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                self._forget(src, dst)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        try:
+            while True:
+                self._open.wait()
+                data = src.recv(65536)
+                held.put((time.monotonic() + self.lag, data))
+                if not data:
+                    break
+        except OSError:
+            held.put((0.0, b""))
+        sender.join()
+
+    def _forget(self, src: socket.socket, dst: socket.socket) -> None:
+        with self._lock:
+            self._conns.discard(src)
+            self._conns.discard(dst)
+        _hard_close(src)
+        _hard_close(dst)
+
+    def move(self, target: tuple[str, int]) -> None:
+        """Send new connections to ``target`` and reset every current one."""
+        with self._lock:
+            self.target = target
+            conns, self._conns = list(self._conns), set()
+        for sock in conns:
+            _hard_close(sock)
 
     def cut(self) -> None:
         with self._lock:
@@ -561,13 +621,13 @@ class Postgres:
     ``password``: the ``postgres`` user's, and TCP connections must give it
     (scram-sha-256), so that a wrong one is rejected; without, all are trusted."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, prefix: str = "chaos-pg-") -> None:
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found:
             raise RuntimeError("no /usr/lib/postgresql/*/bin/initdb")
         self.bindir = Path(found[-1]).parent
         # its own folder under /tmp: the postgres user must be able to reach it
-        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.dir / "data"
         self.port = free_port()
         self.version = ""
@@ -1241,3 +1301,92 @@ def lease_row(db: Db, key: str) -> LeaseRow | None:
     if row is None:
         return None
     return LeaseRow(row[0], int(row[1]), row[2], int(row[3]), int(row[4]))
+
+
+# -- a Prometheus server of a test's own --------------------------------------
+
+
+class PrometheusServer:
+    """A real ``prometheus`` process (Debian's ``/usr/bin/prometheus``) scraping
+    ``jobs`` (job name -> ``host:port`` targets) every ``interval`` seconds,
+    its data in ``workdir``; :meth:`query` asks its HTTP API, as Grafana does.
+    No binary here: a skip locally, a failure under CI=true (.ci/run installs it)."""
+
+    def __init__(self, workdir: Path, jobs: dict[str, list[str]], interval: float = 1.0) -> None:
+        import pytest
+
+        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        if not os.access(binary, os.X_OK):
+            message = "no prometheus binary (Debian: apt-get install prometheus)"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        self.port = free_port()
+        self.dir = workdir / "prometheus"
+        self.dir.mkdir()
+        scrapes = "".join(
+            f"  - job_name: {name}\n    static_configs:\n      - targets: {json.dumps(targets)}\n"
+            for name, targets in jobs.items()
+        )
+        config = self.dir / "prometheus.yml"
+        config.write_text(
+            # durations in whole milliseconds: Prometheus refuses "0.8s"
+            f"global:\n  scrape_interval: {int(interval * 1000)}ms\n"
+            f"  scrape_timeout: {int(interval * 800)}ms\n"
+            f"scrape_configs:\n{scrapes}"
+        )
+        self.log_path = self.dir / "prometheus.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        wait_for(self._ready, 30, "prometheus to be ready", interval=0.2)
+
+    def _get(self, path: str) -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+            return json.loads(answer.read()) if path.startswith("/api/") else answer.status
+
+    def _ready(self) -> bool:
+        assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+        try:
+            return bool(self._get("/-/ready") == 200)
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query's vector: (labels, value) per series."""
+        from urllib.parse import quote as q
+
+        answer = self._get(f"/api/v1/query?query={q(expr)}")
+        assert answer["status"] == "success", answer
+        return [(r["metric"], float(r["value"][1])) for r in answer["data"]["result"]]
+
+    def scalar(self, expr: str) -> float | None:
+        """The one value of an aggregate (None: no series yet)."""
+        found = self.query(expr)
+        assert len(found) <= 1, found
+        return found[0][1] if found else None
+
+    def targets_up(self) -> dict[str, bool]:
+        """Each scraped target (``instance``) and whether its last scrape worked."""
+        return {labels["instance"]: value == 1 for labels, value in self.query("up")}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -17,6 +17,10 @@ variables (one module serves every database, broker and pool):
   with kombu's check for messages to deliver again every second
 * ``SB_RUN_RETENTION``: ``singlebeat_run_retention`` (seconds; the package's
   default, 7 days, when unset)
+* ``SB_WORKER_METRICS``: ``1`` runs the worker block of docs/operations.md
+  ("Metrics", prefork workers) as written: the main process serves every pool
+  child's series on ``SINGLETON_METRICS_PORT`` (``PROMETHEUS_MULTIPROC_DIR``
+  must be set, to an empty directory)
 
 The ``singletonapp.*`` SingletonTasks hold the key a call passes as the ``key``
 keyword argument, or their task name when it passes none; so tasks of
@@ -86,6 +90,19 @@ if os.environ.get("SB_VISIBILITY"):
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     }
+
+if os.environ.get("SB_WORKER_METRICS") == "1":
+    import re
+    from pathlib import Path
+
+    # The documented set-up itself, not a copy of it (as beatapp's SB_JSON_LOG)
+    _doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    _block = next(
+        b for b in re.findall(r"```python\n(.*?)```", _doc, re.S) if "serve_multiprocess" in b
+    )
+    #: the block's namespace, kept: Celery's signals hold their receivers weakly
+    _worker_metrics: dict[str, Any] = {"__name__": "singletonapp_worker_metrics"}
+    exec(compile(_block, "docs/operations.md", "exec"), _worker_metrics)
 
 
 def record(event: str, task: Any, **extra: Any) -> None:

@@ -75,7 +75,7 @@ CONCURRENT_US = US
 #: sweep logs all of them together, before it publishes any
 ANNOUNCED = re.compile(
     r"singlebeat: replica \S+ took (?:over|back) slot [^@\s]+@\S+ "
-    r"\(task id (?P<task_id>[0-9a-f-]{36}), fence \d+\)"
+    r"\(task id (?P<task_id>[0-9a-f-]{36}), fence (?P<fence>\d+)\)"
 )
 #: the ERROR lines guarantees.md names for a publish that cannot reach the
 #: broker: a publish that fails, the rest of its batch released untried, or a
@@ -194,10 +194,19 @@ def test_broker_outage_longer_than_the_grace_loses_nothing(
 
     # Sweeps: every row one take_over statement won shares its owner and its
     # claimed_us (the statement's database time). The last sweep of each
-    # outage slot is the one that sent it.
+    # outage slot is the one that sent it. A row's last fence can also come from
+    # a claim: a replica proposing a slot it (or another) had released wins the
+    # row back at the next fence. Only what a sweep announced (task id and
+    # fence) counts as a sweep's.
+    swept = {
+        (match["task_id"], int(match["fence"]))
+        for beat in beats
+        for line in beat.log().splitlines()
+        if (match := ANNOUNCED.search(line))
+    }
     sweeps: dict[tuple[str, int], list[SlotRow]] = defaultdict(list)
     for row in rows.values():
-        if row.fence > 1:
+        if (slot_task_id(row.entry, row.slot_us), row.fence) in swept:
             sweeps[(row.owner, row.claimed_us)].append(row)
     sizes = sorted(len(rs) for rs in sweeps.values())
     # at most the batch per sweep, and the batch reached: the setting applies
