@@ -51,6 +51,7 @@ from bench_scheduler import (  # noqa: E402
     machine,
     table,
 )
+from statements import Statements  # noqa: E402
 
 #: the issue's target: added time per execution on PostgreSQL.
 TARGET_MS = 5.0
@@ -166,7 +167,7 @@ def _bench_app(url: str) -> Iterator[Any]:
             _drop_tables(url, prefix)
 
 
-def _quiet(store: Any, timeout: float = 10.0) -> None:
+def _quiet(statements: Statements, timeout: float = 10.0) -> None:
     """Wait until the heartbeat thread has no deferred work (the first execution
     of a process hands it the prune of old rows): its statements would count."""
     from celery_singlebeat.singleton.heartbeat import heartbeat
@@ -174,9 +175,9 @@ def _quiet(store: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while heartbeat()._pending and time.monotonic() < deadline:
         time.sleep(0.01)
-    before = store.round_trips
+    before = statements.sent()
     time.sleep(0.05)
-    if store.round_trips != before:
+    if statements.sent() != before:
         raise RuntimeError("statements sent while the benchmark was idle")
 
 
@@ -214,50 +215,68 @@ def _inprocess(label: str, url: str, plan: SingletonPlan) -> dict[str, Any]:
         if seen != [ENTRY, SLOT_BASE_US - 1]:
             raise RuntimeError(f"the slot header did not reach the request: {seen!r}")
         store: Any = runtime_for(app).store()  # SqlStore or MemoryStore: both count
-        for _ in range(plan.warmup):
-            for kind in KINDS:
-                execute(kind)
-        _quiet(store)
+        statements = Statements(store)
+        try:
+            return _measured(label, url, plan, app, execute, statements)
+        finally:
+            statements.close()
 
-        times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        trips = dict.fromkeys(KINDS, 0)
-        failed = 0
-        clock = time.perf_counter
-        for i in range(plan.executions):
-            # rotate the order: no kind always runs right after another
-            for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
-                before = store.round_trips
-                started = clock()
-                result = execute(kind)
-                times[kind].append(clock() - started)
-                trips[kind] += store.round_trips - before
-                failed += result.state != "SUCCESS"
-        if failed:
-            raise RuntimeError(f"{failed} executions did not succeed")
-        runs = _finished_runs(url, app.conf.singlebeat_table_prefix, store)
-        expected_runs = plan.warmup + plan.executions + 1
-        if runs != expected_runs:
-            raise RuntimeError(f"{runs} finished run rows, expected {expected_runs}")
 
-        row: dict[str, Any] = {"database": label, "executions": plan.executions}
-        base = times["plain"]
+def _measured(
+    label: str,
+    url: str,
+    plan: SingletonPlan,
+    app: Any,
+    execute: Callable[[str], Any],
+    statements: Statements,
+) -> dict[str, Any]:
+    store = statements.store
+    for _ in range(plan.warmup):
         for kind in KINDS:
-            row[kind] = {
-                "median_ms": _ms(statistics.median(times[kind])),
-                "p95_ms": _ms(_p95(times[kind])),
-                "round_trips": trips[kind] / plan.executions,
-            }
-            if kind != "plain":
-                row[kind]["added_median_ms"] = _ms(
-                    statistics.median(times[kind]) - statistics.median(base)
-                )
-                row[kind]["added_p95_ms"] = _ms(_p95(times[kind]) - _p95(base))
-        row["slot_header_reaches_request"] = True
-        row["finished_run_rows"] = runs
-        if url != MEMORY:
-            row["operations"] = _operations(store)
-            row["heartbeat"] = _heartbeat(app, store, row["slot"]["round_trips"])
-        return row
+            execute(kind)
+    _quiet(statements)
+
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    trips = dict.fromkeys(KINDS, 0)
+    failed = 0
+    clock = time.perf_counter
+    for i in range(plan.executions):
+        # rotate the order: no kind always runs right after another
+        for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+            before = statements.sent()
+            started = clock()
+            result = execute(kind)
+            times[kind].append(clock() - started)
+            trips[kind] += statements.sent() - before
+            failed += result.state != "SUCCESS"
+    if failed:
+        raise RuntimeError(f"{failed} executions did not succeed")
+    runs = _finished_runs(url, app.conf.singlebeat_table_prefix, store)
+    expected_runs = plan.warmup + plan.executions + 1
+    if runs != expected_runs:
+        raise RuntimeError(f"{runs} finished run rows, expected {expected_runs}")
+
+    row: dict[str, Any] = {"database": label, "executions": plan.executions}
+    base = times["plain"]
+    for kind in KINDS:
+        row[kind] = {
+            "median_ms": _ms(statistics.median(times[kind])),
+            "p95_ms": _ms(_p95(times[kind])),
+            "round_trips": trips[kind] / plan.executions,
+        }
+        if kind != "plain":
+            row[kind]["added_median_ms"] = _ms(
+                statistics.median(times[kind]) - statistics.median(base)
+            )
+            row[kind]["added_p95_ms"] = _ms(_p95(times[kind]) - _p95(base))
+    row["slot_header_reaches_request"] = True
+    row["finished_run_rows"] = runs
+    if url != MEMORY:
+        row["operations"] = _operations(statements)
+        row["heartbeat"] = _heartbeat(app, statements, row["slot"]["round_trips"])
+    # the write-back's pings while the process remembered runs, for the record
+    row["writeback_pings"] = statements.pings
+    return row
 
 
 def _finished_runs(url: str, prefix: str, store: Any = None) -> int:
@@ -277,7 +296,7 @@ def _finished_runs(url: str, prefix: str, store: Any = None) -> int:
         engine.dispose()
 
 
-def _operations(store: Any, repeat: int = 50) -> dict[str, Any]:
+def _operations(statements: Statements, repeat: int = 50) -> dict[str, Any]:
     """Statements of each store operation an execution makes, called directly, and
     the median latency of each (``ping``: a trivial read, the floor per statement)."""
     from celery_singlebeat.store.base import Lease, Run
@@ -287,12 +306,14 @@ def _operations(store: Any, repeat: int = 50) -> dict[str, Any]:
     counts: dict[str, set[int]] = {}
     latency: dict[str, list[float]] = {}
 
+    store = statements.store
+
     def measure(name: str, work: Callable[[], Any]) -> Any:
-        before = store.round_trips
+        before = statements.sent()
         started = time.perf_counter()
         result = work()
         latency.setdefault(name, []).append(time.perf_counter() - started)
-        counts.setdefault(name, set()).add(store.round_trips - before)
+        counts.setdefault(name, set()).add(statements.sent() - before)
         return result
 
     for i in range(repeat):
@@ -318,10 +339,11 @@ def _operations(store: Any, repeat: int = 50) -> dict[str, Any]:
     return out
 
 
-def _heartbeat(app: Any, store: Any, slot_trips: float) -> dict[str, Any]:
+def _heartbeat(app: Any, statements: Statements, slot_trips: float) -> dict[str, Any]:
     """One slot execution that outlives three heartbeat intervals' worth of a 1 s
     TTL (renewals at 1/3 and 2/3 s): its statements beyond a slot execution's,
     per renewal, are what one heartbeat costs."""
+    store = statements.store
     renewals = [0]
     renew = store.renew_lease
 
@@ -332,9 +354,9 @@ def _heartbeat(app: Any, store: Any, slot_trips: float) -> dict[str, Any]:
     slot_us = SLOT_BASE_US - 2
     store.renew_lease = counted
     try:
-        before = store.round_trips
+        before = statements.sent()
         result = app.tasks["bench.sleepy"].apply((0.8,), headers=_slot_headers(slot_us))
-        trips = store.round_trips - before
+        trips = statements.sent() - before
     finally:
         del store.renew_lease
     if result.state != "SUCCESS" or not renewals[0]:

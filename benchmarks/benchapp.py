@@ -38,7 +38,8 @@ the same code and only the scheduler differs:
 ``SingletonTask``, TTL ``BENCH_SINGLETON_TTL``, keyed by its name, its leases
 and run rows in ``BENCH_DB_URL`` under ``BENCH_PREFIX``) do nothing;
 ``benchapp.mark`` writes ``BENCH-MARK <tag> <monotonic s> <round trips>`` to
-stdout, the round trips being the worker's ``SqlStore.round_trips`` so far.
+stdout, the round trips being the worker's ``SqlStore.round_trips`` so far
+without the write-back's pings (``statements.py``).
 
 Run as a script it is a baseline instead of a beat:
 
@@ -160,13 +161,26 @@ def singleton_empty() -> None:
     """The same, as a SingletonTask: what it costs more is the lease (and run row)."""
 
 
+_statements: Any = None
+
+
 @app.task(name="benchapp.mark")
 def mark(tag: str) -> None:
     """Say when the worker got here (and the statements its store sent so far)."""
     from celery_singlebeat.singleton.runtime import runtime_for
 
+    global _statements
+    from statements import Statements  # benchmarks/, on the worker's path
+
     store = runtime_for(app).store()
-    trips = getattr(store, "round_trips", -1)
+    if not hasattr(store, "round_trips"):
+        trips = -1
+    else:
+        # installed at the first mark, before any measured batch: the marks'
+        # differences leave out the heartbeat thread's pings
+        if _statements is None or _statements.store is not store:
+            _statements = Statements(store)
+        trips = _statements.sent()
     # fd 1 itself: the worker redirects sys.stdout to its logger
     os.write(1, f"BENCH-MARK {tag} {time.monotonic():.6f} {trips}\n".encode())
 
