@@ -17,6 +17,8 @@ variables (one module serves every database, broker and pool):
   with kombu's check for messages to deliver again every second
 * ``SB_RUN_RETENTION``: ``singlebeat_run_retention`` (seconds; the package's
   default, 7 days, when unset)
+* ``SB_FAILOVER_WINDOW``: ``singlebeat_failover_window`` (seconds; ``0`` turns
+  the run rows' write-back off, to see what it prevents)
 * ``SB_WORKER_METRICS``: ``1`` runs the worker block of docs/operations.md
   ("Metrics", prefork workers) as written: the main process serves every pool
   child's series on ``SINGLETON_METRICS_PORT`` (``PROMETHEUS_MULTIPROC_DIR``
@@ -79,6 +81,8 @@ if os.environ.get("SB_LEASE_SETTING") is not None:
     app.conf.singlebeat_lease = float(os.environ["SB_LEASE_SETTING"])
 if os.environ.get("SB_RUN_RETENTION"):
     app.conf.singlebeat_run_retention = float(os.environ["SB_RUN_RETENTION"])
+if os.environ.get("SB_FAILOVER_WINDOW"):
+    app.conf.singlebeat_failover_window = float(os.environ["SB_FAILOVER_WINDOW"])
 if os.environ.get("SB_VISIBILITY"):
     # Redis broker: a message a worker had taken but not acknowledged when its
     # connection dropped (a broker restart) waits in the broker's unacked set
