@@ -35,7 +35,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from ..exceptions import ControlError, SchemaError
 from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
-from .fleet_statements import LIVE_CATALOG, WEIGHT, FleetDialect, fleet_dialect_for
+from .fleet_statements import FleetDialect, fleet_dialect_for, status_entries
 from .schema import MAX_ENTRY_NAME
 from .sql import MAX_ATTEMPTS, SqlStore, _describe
 
@@ -412,7 +412,7 @@ class Fleet:
         def work(conn: Connection) -> tuple[int, list[ReplicaStatus], list[Any], list[Any]]:
             now = self._now(conn) if now_us is None else now_us
             replicas = [_replica(row, now) for row in self._rows(conn, self.sql.replicas)]
-            statement, params = status_statement(self.sql.status_entries, replicas)
+            statement, params = status_entries(self.sql, _live_catalogs(replicas))
             result = conn.execute(text(statement), {**params, "now_us": now})
             # the driver's own tuples: a text statement's columns need no
             # processing, and a Row per entry cost a fifth of status() at 100,000
@@ -980,23 +980,13 @@ def _replica(row: Sequence[Any], now_us: int) -> ReplicaStatus:
     )
 
 
-def status_statement(
-    template: str, replicas: Sequence[ReplicaStatus]
-) -> tuple[str, dict[str, str]]:
-    """The status statement for this fleet: each catalog a live replica names,
-    weighted by how many do (fleet_statements._CATALOG_GROUP)."""
+def _live_catalogs(replicas: Sequence[ReplicaStatus]) -> dict[str, int]:
+    """Each catalog a live replica names, and how many do."""
     weights: dict[str, int] = {}
     for replica in replicas:
         if replica.state == LIVE and replica.catalog is not None:
             weights[replica.catalog] = weights.get(replica.catalog, 0) + 1
-    params = {f"cat{i}": name for i, name in enumerate(sorted(weights))}
-    if params:
-        whens = " ".join(f"WHEN :{key} THEN {weights[name]}" for key, name in params.items())
-        weight = f"CASE c.catalog {whens} ELSE 0 END"
-        live = "c.catalog IN (" + ", ".join(f":{key}" for key in params) + ")"
-    else:
-        weight, live = "0", "1 = 0"
-    return template.replace(WEIGHT, weight).replace(LIVE_CATALOG, live), params
+    return weights
 
 
 def _by_state(replicas: list[ReplicaStatus]) -> list[ReplicaStatus]:

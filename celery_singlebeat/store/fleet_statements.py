@@ -29,71 +29,77 @@ _LIVE = "r.stopped_us IS NULL AND r.seen_us >= :now_us - :beats * r.heartbeat_us
 _LAST_STATE = """CASE WHEN ls.state IS NULL THEN NULL WHEN ls.state = 1 THEN 1
                 WHEN ls.fence = 0 THEN 3 WHEN ls.lease_until_us < :now_us THEN 2 ELSE 0 END"""
 
-# How many live replicas list the entry, and which catalog's row to read: a
-# live replica's (the greatest id), else any. Catalogs are shared by content
-# (schema.py), so a catalog counts for as many live replicas as name it: the
-# caller, which read the replica rows first, puts the live catalogs and their
-# counts in place of the markers (``fleet.status_statement``): a handful of
-# ids, bound as parameters; the counts are its own integers.
-WEIGHT = "__LIVE_WEIGHT__"
-LIVE_CATALOG = "__LIVE_CATALOG__"
-_CATALOG_GROUP = f"""sum({WEIGHT}) AS live_replicas,
-               COALESCE(max(CASE WHEN {LIVE_CATALOG} THEN c.catalog ELSE NULL END),
-                        max(c.catalog)) AS rep"""
-
 # One row per registered entry: name, anchor, high-water mark, newest slot
 # row, its state, newest sent slot, its sender and delay, how many live replicas
-# list the entry, and the task, schedule and spec of one catalog row.
+# list the entry, and the task, schedule and spec of one catalog row: a live
+# replica's (the greatest catalog id, should live replicas differ: a rolling
+# deploy), else any catalog's (the greatest id).
 #
-# Each part is grouped on indexed columns only, and the catalog's text is then
-# read by primary key, once per entry: with the TEXT spec in the grouping,
-# MariaDB went to an on-disk temporary table (seconds at 100,000 entries).
-# Every part comes out in entry order, which PostgreSQL merges without hashing:
-# 0.93 s for the statement at 100,000 entries, against 1.23 s with MATERIALIZED
-# parts, whose order the planner does not know (it hashed them, and spilled to
-# disk at the default work_mem); SQLite 0.91 s against 1.14 s.
-_STATUS_ENTRIES = f"""
-    WITH cat AS (
-        SELECT c.entry, {_CATALOG_GROUP}
-        FROM {{c}} c GROUP BY c.entry
-    ),
-    newest AS (
-        SELECT s.entry, max(s.slot_us) AS last_us,
-               max(CASE WHEN s.state = 1 THEN s.slot_us ELSE NULL END) AS sent_us
-        FROM {{s}} s GROUP BY s.entry
-    )
-    SELECT e.name, e.anchor_us, e.last_slot_us, newest.last_us, {_LAST_STATE},
-           ss.slot_us, ss.owner, ss.sent_us - ss.slot_us,
-           COALESCE(cat.live_replicas, 0), rc.task, rc.schedule, rc.spec
-    FROM {{e}} e
-    LEFT JOIN cat ON cat.entry = e.name
-    LEFT JOIN {{c}} rc ON rc.entry = e.name AND rc.catalog = cat.rep
-    LEFT JOIN newest ON newest.entry = e.name
-    LEFT JOIN {{s}} ls ON ls.entry = e.name AND ls.slot_us = newest.last_us
-    LEFT JOIN {{s}} ss ON ss.entry = e.name AND ss.slot_us = newest.sent_us"""
+# Driven by the entries and found by primary-key seeks, per entry: its newest
+# slot row, its newest sent row only when the newest is not sent (the usual
+# case needs none), and its row in each live catalog. So the cost grows with
+# the entries alone, not with the slot rows kept (an every-10 s entry keeps
+# 8,640 a day) nor with the catalogs of old releases, and no planner hashes,
+# sorts or spills anything. Catalogs are shared by content (schema.py): the
+# caller, which read the replica rows first, gives the live catalogs and how
+# many live replicas name each (``status_entries``): a handful of ids, bound
+# as parameters, and its own integers.
+_NEWEST = "(SELECT max(x.slot_us) FROM {s} x WHERE x.entry = e.name)"
+_NEWEST_SENT = "(SELECT max(y.slot_us) FROM {s} y WHERE y.entry = e.name AND y.state = 1)"
+LIVE_COUNT = "__LIVE_COUNT__"
+CATALOG_JOINS = "__CATALOG_JOINS__"
+LIVE_TASK, LIVE_SCHEDULE, LIVE_SPEC = "__LIVE_TASK__", "__LIVE_SCHEDULE__", "__LIVE_SPEC__"
 
-# MariaDB joins a derived table by a block nested loop without a key (entries
-# x entries: minutes), so its plan is grouped from the entries outward and
-# finds the newest slot rows by primary-key lookups; the newest *sent* row is
-# looked up only when the newest row is not sent (the usual case needs none).
-_MY_STATUS_ENTRIES = f"""
-    SELECT g.name, g.anchor_us, g.last_slot_us, g.last_us, {_LAST_STATE},
+
+def _any_catalog(column: str) -> str:
+    return (
+        f"(SELECT a.{column} FROM {{c}} a WHERE a.entry = e.name ORDER BY a.catalog DESC LIMIT 1)"
+    )
+
+
+_STATUS_ENTRIES = f"""
+    SELECT e.name, e.anchor_us, e.last_slot_us, ls.slot_us, {_LAST_STATE},
            CASE WHEN ls.state = 1 THEN ls.slot_us ELSE ss.slot_us END,
            CASE WHEN ls.state = 1 THEN ls.owner ELSE ss.owner END,
            CASE WHEN ls.state = 1 THEN ls.sent_us - ls.slot_us ELSE ss.sent_us - ss.slot_us END,
-           g.live_replicas, rc.task, rc.schedule, rc.spec
-    FROM (
-        SELECT e.name, max(e.anchor_us) AS anchor_us, max(e.last_slot_us) AS last_slot_us,
-               {_CATALOG_GROUP},
-               (SELECT max(s.slot_us) FROM {{s}} s WHERE s.entry = e.name) AS last_us
-        FROM {{e}} e LEFT JOIN {{c}} c ON c.entry = e.name
-        GROUP BY e.name
-    ) g
-    LEFT JOIN {{c}} rc ON rc.entry = g.name AND rc.catalog = g.rep
-    LEFT JOIN {{s}} ls ON ls.entry = g.name AND ls.slot_us = g.last_us
-    LEFT JOIN {{s}} ss ON ls.state = 0 AND ss.entry = g.name AND ss.slot_us = (
-        SELECT s.slot_us FROM {{s}} s WHERE s.entry = g.name AND s.state = 1
-        ORDER BY s.slot_us DESC LIMIT 1)"""
+           {LIVE_COUNT},
+           COALESCE({LIVE_TASK}{_any_catalog("task")}),
+           COALESCE({LIVE_SCHEDULE}{_any_catalog("schedule")}),
+           COALESCE({LIVE_SPEC}{_any_catalog("spec")})
+    FROM {{e}} e
+    LEFT JOIN {{s}} ls ON ls.entry = e.name AND ls.slot_us = {_NEWEST}
+    LEFT JOIN {{s}} ss ON ls.state <> 1 AND ss.entry = e.name AND ss.slot_us = {_NEWEST_SENT}
+    {CATALOG_JOINS}"""
+
+#: one live catalog's join (``__N__``: its number, ``:catN`` its id)
+_STATUS_CATALOG_JOIN = """
+    LEFT JOIN {c} c__N__ ON c__N__.entry = e.name AND c__N__.catalog = :cat__N__"""
+
+
+def status_entries(dialect: FleetDialect, live: dict[str, int]) -> tuple[str, dict[str, str]]:
+    """The status statement for this fleet and its parameters: ``live`` maps
+    each catalog a live replica names to how many do."""
+    order = sorted(live, reverse=True)  # the greatest id's row first
+    params = {f"cat{i}": catalog for i, catalog in enumerate(order)}
+    joins = "".join(dialect.status_catalog_join.replace("__N__", str(i)) for i in range(len(order)))
+    count = " + ".join(
+        f"CASE WHEN c{i}.entry IS NULL THEN 0 ELSE {live[catalog]} END"
+        for i, catalog in enumerate(order)
+    )
+
+    def first(column: str) -> str:
+        # SQLite's COALESCE takes two arguments at least
+        return "".join(f"c{i}.{column}, " for i in range(len(order))) or "NULL, "
+
+    statement = (
+        dialect.status_entries.replace(LIVE_COUNT, count or "0")
+        .replace(CATALOG_JOINS, joins)
+        .replace(LIVE_TASK, first("task"))
+        .replace(LIVE_SCHEDULE, first("schedule"))
+        .replace(LIVE_SPEC, first("spec"))
+    )
+    return statement, params
+
 
 _REPLICAS = """
     SELECT r.id, r.host, r.pid, r.version, r.started_us, r.seen_us, r.loop_us,
@@ -197,8 +203,9 @@ class FleetDialect:
     #: opens a transaction on an autocommit connection; SQLite takes the write
     #: lock at once (IMMEDIATE), so a control never fails to upgrade a read lock
     begin: str
-    #: binds ``:now_us``; its markers take the live catalogs (fleet.status_statement)
+    #: binds ``:now_us``; its markers take the live catalogs (status_entries)
     status_entries: str
+    status_catalog_join: str
     replicas: str
     pauses: str
     history: str
@@ -258,6 +265,7 @@ class FleetDialect:
 
 _COMMON = {
     "status_entries": _STATUS_ENTRIES,
+    "status_catalog_join": _STATUS_CATALOG_JOIN,
     "replicas": _REPLICAS,
     "pauses": _PAUSES,
     "history": _HISTORY,
@@ -332,7 +340,6 @@ MYSQL = FleetDialect(
     notify="",
     **{
         **_COMMON,
-        "status_entries": _MY_STATUS_ENTRIES,
         "controls_read": "SELECT m.value_us FROM {m} m WHERE m.`key` = 'controls'",
     },
 )

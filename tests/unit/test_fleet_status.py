@@ -32,7 +32,7 @@ def row(
     code: int | None = None,
     sent: int | None = None,
 ) -> tuple[object, ...]:
-    """One status_entries row (fleet_statements._STATUS_ENTRIES' columns)."""
+    """One status row (fleet_statements._STATUS_ENTRIES' columns)."""
     sender = "r1" if sent is not None else None
     delay = 1000 if sent is not None else None
     task = None if spec is None else "proj.t"
