@@ -13,9 +13,13 @@ Topology (every process real, started here):
   ``tests/acceptance/singletonapp.py``: every entry sends
   ``singletonapp.slot_probe``, a SingletonTask (one key per entry) that appends
   each execution, with its slot, to a record file;
-* a PostgreSQL cluster of this run's own (``initdb`` in a temporary folder,
-  so it can really be restarted), reached by every beat and worker through a
-  TCP proxy that can cut it off; the harness reads the tables directly;
+* PostgreSQL of this run's own (``initdb`` in temporary folders, so it can
+  really be restarted and failed over): a primary with a streaming standby
+  whose link lags ``--lag`` seconds (``benchmarks/failover.py``; ``--failover
+  async``, the default, asynchronous streaming; ``sync``, a synchronous
+  standby; ``off``, one cluster and no standby), reached by every beat and
+  worker through a TCP proxy that can cut it off and that a failover moves to
+  the promoted standby; the harness reads the primary's tables directly;
 * a Redis server of this run's own (AOF on, ``appendfsync always``) as the
   broker, really stopped and started again; ``--broker rabbitmq`` uses the
   RabbitMQ on 127.0.0.1:5672 behind a TCP proxy instead (its restart is then
@@ -31,9 +35,12 @@ of different lanes overlap), in a random order and at random gaps drawn from
   moment, right after the replica claimed a slot, or right after it published
   one (before its confirm); a rolling restart of all 5 replicas to the other
   ``beat_schedule`` version of ``roll-0``;
-* infrastructure lane: a PostgreSQL restart (``pg_ctl restart -m fast``), a
-  PostgreSQL outage of ``--outage`` seconds (the proxy refuses and cuts every
-  connection), a broker restart.
+* infrastructure lane: a PostgreSQL restart (``pg_ctl restart -m fast`` of
+  the primary), a PostgreSQL outage of ``--outage`` seconds (the proxy refuses
+  and cuts every connection), a PostgreSQL failover (the primary's node dies
+  with whatever its standby had not received yet, the standby is promoted,
+  the address moves to it, and a fresh standby of the new primary is made for
+  the next one), a broker restart.
 
 Judged from outside, once every process has stopped: the slots due come from
 the database (each entry's anchor + k * period; crontab instants in the
@@ -41,12 +48,17 @@ crontab's zone), executions from the workers' record file, sends from the slot
 rows and the replicas' logs. A slot executed more than once, or an expected
 slot never executed outside a full database outage, fails the run; for slots
 that fell due while the database was away the report says what the missed-run
-policy (coalesce) did.
+policy (coalesce) did. For each failover the report gives how far behind the
+standby was, how long the address was away, the slots published twice around
+it (the documented bound: a slot whose sender died with the primary, or whose
+write-back came too late, may go out twice with the same task id) and the
+lost writes the replicas and workers found and wrote back.
 
 Usage::
 
     python benchmarks/chaos.py --duration 600 --seed 1      # the long form, ~12 min
-    python benchmarks/chaos.py --duration 60 --seed 7 --lease 5   # what make test runs
+    python benchmarks/chaos.py --duration 75 --seed 7 --lease 5   # what make test runs
+    python benchmarks/chaos.py --failover sync      # a synchronous standby
 
 Exit status 0 when nothing executed twice and nothing was lost.
 """
@@ -85,6 +97,8 @@ ACCEPTANCE = ROOT / "tests" / "acceptance"
 sys.path[:0] = [str(ROOT), str(ACCEPTANCE), str(ROOT / "tests")]
 
 import sqlalchemy as sa  # noqa: E402
+from failover import MODES as FAILOVER_MODES  # noqa: E402
+from failover import FailoverPair  # noqa: E402
 from harness import (  # noqa: E402
     DROPPED_LINE,
     SENT_LINE,
@@ -155,6 +169,15 @@ SENT_AT = re.compile(
     r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): INFO/MainProcess\] " + SENT_LINE.pattern, re.M
 )
 STOPPING_LINE = re.compile(r"SB-STOPPING (?P<entry>\S+) (?P<task_id>[0-9a-f-]{36})")
+#: what a replica and a worker log when a failover lost writes they had seen
+#: committed, and they wrote them again (scheduler.py, singleton/writeback.py)
+LOST_SLOTS_LINE = re.compile(r"the database lost (?P<n>\d+) of the slots replica")
+LOST_RUNS_LINE = re.compile(r"the database lost (?P<n>\d+) of the run rows worker")
+#: a slot is counted against a failover when its instant is this close to it:
+#: the replicas' failover window (singlebeat_failover_window, 10 s) before the
+#: cut, until the write-back hold after the address moved has passed
+FAILOVER_BEFORE_US = 10 * US
+FAILOVER_AFTER_US = 10 * US
 
 
 def now_us() -> int:
@@ -360,6 +383,14 @@ class Config:
     replicas: int = 5
     workers: int = 2
     broker: str = "redis"
+    #: ``async``, ``sync`` (the standby's replication) or ``off`` (no standby,
+    #: no failover fault)
+    failover: str = "async"
+    #: the standby's link delays the primary's WAL stream by this much (async)
+    lag: float = 0.3
+    #: singlebeat_failover_window of every beat and worker (None: the
+    #: package's default; 0: nothing written back, to see what that prevents)
+    failover_window: float | None = None
     workdir: Path | None = None
     keep: bool = False
     quiet: bool = False
@@ -417,6 +448,13 @@ class Report:
     sent: int = 0
     published: int = 0
     published_twice: int = 0
+    #: per failover: how far behind its standby was, how long the address was
+    #: away, and the slots published and executed twice around it
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    #: slot rows (replicas) and run rows (workers) a failover lost and the
+    #: replicas and workers found missing and wrote again
+    rewritten_slots: int = 0
+    rewritten_runs: int = 0
     dropped_by_worker: int = 0
     held_at_broker_loss: int = 0
     taken_over: int = 0
@@ -521,6 +559,10 @@ class Chaos:
         self.version = "1"
         self.pg: Postgres | None = None
         self.pg_mode = ""
+        #: the primary, its standby and the movable address (Config.failover)
+        self.pair: FailoverPair | None = None
+        #: each failover fault and what FailoverPair.failover measured
+        self.failed_over: list[tuple[Fault, Any]] = []
         self.redis: Redis | None = None
         self.amqp_url = ""
         self.db_proxy: TcpProxy | None = None
@@ -536,6 +578,8 @@ class Chaos:
         self.replacing: set[str] = set()
         #: every beat process of the run, by name
         self.lives: dict[str, Life] = {}
+        #: slot rows written back after a failover (slot_rows)
+        self.written_back: set[tuple[str, int]] = set()
 
     # -- output ---------------------------------------------------------------
 
@@ -548,26 +592,43 @@ class Chaos:
     def setup(self) -> None:
         if self.faketime is None:
             raise RuntimeError("libfaketime is not installed (apt-get install faketime)")
+        if self.config.failover not in (*FAILOVER_MODES, "off"):
+            raise ValueError(f"failover must be one of {FAILOVER_MODES} or 'off'")
         try:
-            self.pg = Postgres()
-            self.pg.start()
+            if self.config.failover != "off":
+                self.pair = FailoverPair(self.config.failover, self.config.lag)
+                self.pair.start()
+                self.pg = self.pair.primary
+                db_url = self.pair.primary_url
+                self.pg_mode = (
+                    "real: pg_ctl restart -m fast of the primary (its standby reconnects)"
+                )
+            else:
+                self.pg = Postgres()
+                self.pg.start()
+                db_url = self.pg.url
+                self.pg_mode = "real: pg_ctl restart -m fast of this run's own cluster"
+            assert self.pg is not None
             target = ("127.0.0.1", self.pg.port)
-            db_url = self.pg.url
-            self.pg_mode = "real: pg_ctl restart -m fast of this run's own cluster"
         except (RuntimeError, OSError) as exc:
             # No PostgreSQL binaries (or no postgres user): the shared server, and
             # a restart simulated by the proxy (every connection reset, ~1 s refused).
             self.say(f"no private PostgreSQL cluster ({exc}); using SB_TEST_PG")
-            if self.pg is not None:
+            if self.pair is not None:
+                self.pair.close()
+            elif self.pg is not None:
                 self.pg.close(keep=False)
-            self.pg = None
+            self.pg = self.pair = None
             db_url = os.environ.get(
                 "SB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
             )
             parsed = sa.engine.make_url(db_url)
             target = (parsed.host or "127.0.0.1", parsed.port or 5432)
             self.pg_mode = "simulated: proxy resets every connection and refuses new ones for 1 s"
-        self.db_proxy = TcpProxy(target)
+        # With a standby, the pair's movable address is the proxy every client
+        # goes through: an outage cuts it, a failover moves it.
+        self.db_proxy = self.pair.address if self.pair is not None else TcpProxy(target)
+        assert self.db_proxy is not None
         proxied = (
             sa.engine.make_url(db_url)
             .set(host="127.0.0.1", port=self.db_proxy.port)
@@ -598,6 +659,8 @@ class Chaos:
             "SB_PREFIX": self.prefix,
             "SB_QUEUE": self.queue,
         }
+        if self.config.failover_window is not None:
+            common["SB_FAILOVER_WINDOW"] = f"{self.config.failover_window:g}"
         self.worker_env = {**common, "SB_RECORD": str(self.record), "SB_TTL": "5"}
         if self.redis is not None:
             # what a worker held unacknowledged when a broker restart cut its
@@ -615,9 +678,14 @@ class Chaos:
             "SB_CRON": "1",
             "SB_STOP_ARM": "usr2",
         }
+        standby = (
+            f" with a {self.pair.mode} standby (link {self.pair.lag:g}s behind)"
+            if self.pair is not None
+            else ""
+        )
         self.say(
-            f"workdir {self.workdir}; PostgreSQL {'private' if self.pg else 'shared'} "
-            f"via proxy :{self.db_proxy.port}; broker {broker}"
+            f"workdir {self.workdir}; PostgreSQL {'private' if self.pg else 'shared'}"
+            f"{standby} via proxy :{self.db_proxy.port}; broker {broker}"
         )
         for i in range(self.config.workers):
             self.workers.append(
@@ -842,6 +910,30 @@ class Chaos:
             self.db_proxy.restore()
         fault.restored_us = fault.end_us = now_us()
 
+    def pg_failover(self, rng: random.Random) -> None:
+        """The primary's node dies, its standby is promoted, the address moves
+        (FailoverPair.failover); then a fresh standby of the new primary streams,
+        so that the next failover has one."""
+        pair = self.pair
+        assert pair is not None
+        fault = self._fault("postgres failover", "database", "", db_down=True)
+        self.say(f"fault: PostgreSQL failover ({pair.mode} standby)")
+        record = pair.failover()
+        fault.restored_us = int(record.moved_at * US)
+        self.failed_over.append((fault, record))
+        # the harness reads the new primary; the old one's data is gone
+        old, self.pg = self.db, pair.primary
+        self.db = Db(pair.primary_url, self.prefix)
+        if old is not None:
+            old.engine.dispose()
+        fault.detail = (
+            f"{pair.mode} standby {record.behind_bytes} bytes / {record.behind_ms:g} ms "
+            f"behind; primary stopped -m immediate, standby promoted (timeline "
+            f"{record.timeline}), address moved after {record.unavailable_s:.2f}s"
+        )
+        pair.add_standby()
+        fault.end_us = now_us()
+
     def broker_restart(self, rng: random.Random) -> None:
         down = rng.uniform(1.0, 4.0)
         if self.redis is not None:
@@ -876,6 +968,7 @@ class Chaos:
             "rolling": 40.0,
             "pg_restart": 5.0,
             "pg_outage": outage + 12.0,
+            "pg_failover": 15.0,
             "broker_restart": 8.0,
         }[kind]
 
@@ -904,6 +997,11 @@ class Chaos:
 
     def run_faults(self) -> None:
         end = time.monotonic() + self.config.duration
+        infra = ["pg_restart", "pg_outage", "broker_restart"]
+        weights = {"pg_restart": 2.0, "broker_restart": 2.0, "pg_outage": 0.6}
+        if self.pair is not None:
+            infra.append("pg_failover")
+            weights["pg_failover"] = 1.5
         lanes = [
             threading.Thread(
                 target=self.lane,
@@ -917,12 +1015,7 @@ class Chaos:
             ),
             threading.Thread(
                 target=self.lane,
-                args=(
-                    self.rng_infra,
-                    ["pg_restart", "pg_outage", "broker_restart"],
-                    {"pg_restart": 2.0, "broker_restart": 2.0, "pg_outage": 0.6},
-                    end,
-                ),
+                args=(self.rng_infra, infra, weights, end),
                 name="lane-infra",
             ),
         ]
@@ -954,12 +1047,19 @@ class Chaos:
     # -- reading the outcome ---------------------------------------------------------
 
     def slot_rows(self) -> dict[tuple[str, int], tuple[int, str, int, int, int | None]]:
-        """(entry, slot) -> (state, owner, fence, claimed_us, sent_us), read directly."""
+        """(entry, slot) -> (state, owner, fence, claimed_us, sent_us), read directly.
+
+        Also notes the rows a replica wrote back after a failover lost them
+        (``written_back``): the write-back stamps both times with its own
+        moment and leaves no lease, which no claim and confirm do."""
         assert self.db is not None
         s = self.db.tables.slots
         query = sa.select(s.c.entry, s.c.slot_us, s.c.state, s.c.owner, s.c.fence, s.c.claimed_us)
         with self.db.engine.connect() as conn:
-            rows = conn.execute(query.add_columns(s.c.sent_us)).all()
+            rows = conn.execute(query.add_columns(s.c.sent_us, s.c.lease_until_us)).all()
+        self.written_back = {
+            (r[0], int(r[1])) for r in rows if r[7] == 0 and r[6] is not None and r[6] == r[5]
+        }
         return {
             (r[0], int(r[1])): (int(r[2]), r[3], int(r[4]), int(r[5]), r[6] and int(r[6]))
             for r in rows
@@ -1038,7 +1138,9 @@ class Chaos:
     def db_windows(
         self, rows: dict[tuple[str, int], tuple[int, str, int, int, int | None]]
     ) -> list[DbWindow]:
-        claims = sorted((r[3], s[0], r[2]) for s, r in rows.items())
+        # a write-back's row is stamped with the moment of the write-back, not
+        # of a claim: it says nothing of when claiming resumed
+        claims = sorted((r[3], s[0], r[2]) for s, r in rows.items() if s not in self.written_back)
         windows = []
         for fault in self.faults:
             if not fault.db_down or not fault.restored_us:
@@ -1134,7 +1236,7 @@ class Chaos:
             self.group.stop_all()
         finally:
             for proxy in (self.db_proxy, self.broker_proxy):
-                if proxy is not None:
+                if proxy is not None and (self.pair is None or proxy is not self.pair.address):
                     proxy.close()
             if self.redis is not None:
                 self.redis.stop()
@@ -1145,7 +1247,9 @@ class Chaos:
                     self.db.drop()  # the shared server: leave no tables behind
                 else:
                     self.db.engine.dispose()
-            if self.pg is not None:
+            if self.pair is not None:
+                self.pair.close()  # a standby's data is no use to read later
+            elif self.pg is not None:
                 self.pg.close(self.config.keep)
             if self.own_workdir and not self.config.keep:
                 shutil.rmtree(self.workdir, ignore_errors=True)
@@ -1219,6 +1323,12 @@ class Chaos:
         report.published = sum(n for s, n in published.items() if s[1] <= upto_ms)
         report.published_twice = sum(1 for s, n in published.items() if s[1] <= upto_ms and n > 1)
         report.dropped_by_worker = sum(len(DROPPED_LINE.findall(text)) for text in worker_logs)
+        report.rewritten_slots = sum(
+            int(m["n"]) for _, text in beat_logs for m in LOST_SLOTS_LINE.finditer(text)
+        )
+        report.rewritten_runs = sum(
+            int(m["n"]) for text in worker_logs for m in LOST_RUNS_LINE.finditer(text)
+        )
         report.held_at_broker_loss = sum(
             int(m["n"]) for text in worker_logs for m in RESTORING_LINE.finditer(text)
         )
@@ -1232,6 +1342,7 @@ class Chaos:
         report.unexpected = len(unexpected)
         for s in unexpected[:20]:
             report.problems.append(f"executed, but no slot of its entry: {s[0]}@{s[1]}")
+        report.failovers = self.failover_outcomes(published, done, upto_us)
         first_sent = self.first_publishes(beat_logs)
         lost = []
         for slot in sorted(required):
@@ -1354,6 +1465,40 @@ class Chaos:
         report.late_sends = len(self.late_sends)
         report.text = render(report)
         return report
+
+    def failover_outcomes(
+        self,
+        published: Counter[tuple[str, int]],
+        done: dict[tuple[str, int], list[float]],
+        upto_us: int,
+    ) -> list[dict[str, Any]]:
+        """Per failover: the standby's distance behind the primary, how long
+        the address was away, and the slots due near it (from the replicas'
+        failover window before the cut to the write-back hold after the move)
+        published twice and executed twice."""
+        out = []
+        for fault, record in self.failed_over:
+            lo = int(record.cut_at * US) - FAILOVER_BEFORE_US
+            hi = int(record.moved_at * US) + FAILOVER_AFTER_US
+
+            def near(slot_us: int, lo: int = lo, hi: int = hi) -> bool:
+                return lo <= slot_us <= min(hi, upto_us)
+
+            out.append(
+                {
+                    "at_s": round((fault.start_us - self.started_us) / US, 1),
+                    "mode": self.config.failover,
+                    "behind_bytes": record.behind_bytes,
+                    "behind_ms": record.behind_ms,
+                    "unavailable_s": round(record.unavailable_s, 2),
+                    "slots_due_near": sum(1 for s in published if near(s[1] * 1000)),
+                    "published_twice": sum(
+                        1 for s, n in published.items() if n > 1 and near(s[1] * 1000)
+                    ),
+                    "executed_twice": sum(1 for s, t in done.items() if len(t) > 1 and near(s[1])),
+                }
+            )
+        return out
 
     def hold_to_bound(self, report: Report, delays: list[Delay]) -> None:
         """Every slot leaves within ``lease + lease/3`` of its instant unless the
@@ -1599,7 +1744,9 @@ def render(r: Report) -> str:
     c = r.config
     lines = [
         f"chaos run: seed {c['seed']}, {c['duration']} s of faults, lease {c['lease']} s, "
-        f"broker {c['broker']}; started {r.started}, {r.wall_s} s wall, "
+        f"broker {c['broker']}, failover {c['failover']}"
+        + ("" if c["failover_window"] == "None" else f" (window {c['failover_window']} s)")
+        + f"; started {r.started}, {r.wall_s} s wall, "
         f"slots counted over {r.window_s} s",
         "machine: " + ", ".join(f"{k} {v}" for k, v in r.machine.items()),
         "code under test: " + (", ".join(r.code_under_test) or "?"),
@@ -1705,6 +1852,35 @@ def render(r: Report) -> str:
             ],
         ),
     ]
+    if r.failovers:
+        lines += [
+            "",
+            f"database failovers ({r.failovers[0]['mode']} standby, link {c['lag']} s behind): "
+            f"slots due from {FAILOVER_BEFORE_US // US} s before the cut to "
+            f"{FAILOVER_AFTER_US // US} s after the move; {r.rewritten_slots} slot rows "
+            f"and {r.rewritten_runs} run rows found lost and written again",
+            table(
+                [
+                    "t (s)",
+                    "standby behind",
+                    "address away (s)",
+                    "slots near",
+                    "published twice",
+                    "executed twice (must be 0)",
+                ],
+                [
+                    (
+                        f["at_s"],
+                        f"{f['behind_bytes']} B / {f['behind_ms']:g} ms",
+                        f["unavailable_s"],
+                        f["slots_due_near"],
+                        f["published_twice"],
+                        f["executed_twice"],
+                    )
+                    for f in r.failovers
+                ],
+            ),
+        ]
     if r.broker_losses:
         lines += [
             "",
@@ -1730,6 +1906,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=15.0, help="singlebeat_lease, seconds")
     parser.add_argument("--outage", type=float, default=30.0, help="PostgreSQL outage, seconds")
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument(
+        "--failover",
+        choices=[*FAILOVER_MODES, "off"],
+        default="async",
+        help="the standby's replication, or off: no standby and no failover fault",
+    )
+    parser.add_argument("--lag", type=float, default=0.3, help="the standby's link delay, s")
+    parser.add_argument(
+        "--failover-window",
+        type=float,
+        default=None,
+        help="singlebeat_failover_window of every beat and worker, s (0: no write-back)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep logs and the record here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
@@ -1741,6 +1930,9 @@ def main(argv: list[str] | None = None) -> int:
             lease=args.lease,
             outage=args.outage,
             broker=args.broker,
+            failover=args.failover,
+            lag=args.lag,
+            failover_window=args.failover_window,
             workdir=args.workdir,
             keep=args.keep or args.workdir is not None,
         )

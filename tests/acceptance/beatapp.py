@@ -43,6 +43,8 @@ database and broker:
   singlebeat_status_file; ``SB_LIVENESS``/``SB_READINESS``:
   singlebeat_liveness_timeout/_readiness_timeout seconds; ``SB_METRICS``:
   ``1``/``0`` singlebeat_metrics (unset: the setting's default)
+* ``SB_FAILOVER_WINDOW``: singlebeat_failover_window seconds (``0``: the
+  replica writes nothing back after a failover, to see what that prevents)
 * ``SB_VIA_EXCHANGE``: ``1`` sends every entry through the exchange named
   ``SB_QUEUE`` with that routing key (entry ``options``), so every queue bound
   so receives a copy. Without it Celery publishes straight to the queue (the
@@ -142,6 +144,7 @@ app.conf.update(
             ("SB_LIVENESS", "singlebeat_liveness_timeout", float),
             ("SB_READINESS", "singlebeat_readiness_timeout", float),
             ("SB_METRICS", "singlebeat_metrics", lambda v: v == "1"),
+            ("SB_FAILOVER_WINDOW", "singlebeat_failover_window", float),
         )
         if os.environ.get(variable)
     },
