@@ -207,6 +207,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._journal = SentJournal(self.settings.failover_window.total_seconds())
         self._interruptions_seen: int | None = None
         self._hold_until = 0.0
+        #: when that hold began, on the database's clock: the fallback
+        #: proposals it delayed are judged late or on time as of then
+        #: (_judged_at), not as of its end
+        self._held_since_us: int | None = None
         #: slots this replica may still hold in the store without working on them,
         #: so that winning one back is not mistaken for a takeover: key -> (fence
         #: it released them at, or None when a claim's answer was lost; when).
@@ -501,18 +505,24 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # in a moment, so that a replica that is free does not claim a whole
         # second of other replicas' slots and keep them waiting while it
         # publishes. What is left stays due: the next tick follows at once.
-        queues = [(self._heap, now_us, FIRST_BATCH)]
+        queues: list[tuple[list[_Tracked], int, int, int | None]] = [
+            (self._heap, now_us, FIRST_BATCH, None)
+        ]
         if time.monotonic() >= self._hold_until:
             # held after a broken connection (failover.py): the slot a fallback
             # proposal would win may be one another replica sent, whose row the
             # database lost and that replica is about to write again
-            queues.append((self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH))
-        for heap, ready_us, cap in queues:
+            queues.append(
+                (self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH, self._judged_at(now_us))
+            )
+        for heap, ready_us, cap, judged_at_us in queues:
             cap += len(keys)
             while heap and heap[0].next_us <= ready_us and len(keys) < cap:
                 tracked = heapq.heappop(heap)
                 due.append(tracked)
-                plan = plan_due(tracked.sequence, tracked.next_us, now_us, tracked.policy)
+                plan = plan_due(
+                    tracked.sequence, tracked.next_us, now_us, tracked.policy, judged_at_us
+                )
                 plans.append((tracked, plan))
                 keys.extend(
                     SlotKey(tracked.name, at) for at in plan.propose if at not in tracked.won
@@ -1019,6 +1029,25 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self.stats["sent"] += len(published)
         self._confirm(published)
 
+    def _judged_at(self, now_us: int) -> int | None:
+        """The instant fallback proposals are judged on time or late at, when
+        the hold after a broken connection delayed them: its start, for the
+        sweep interval after its end (they go out as it ends, a busy tick
+        later at most); else None (now).
+
+        Without it, the share of a replica that died or stalled (whose
+        entries only fallbacks propose), due during the hold (7 s by default),
+        would be more than the grace (5 s) late when the hold ends, and the
+        missed-run policy would drop it: runs lost to a wait of our own
+        making. Measured so in the chaos run with a failover (11 slots of a
+        killed or paused replica's share) before this.
+        """
+        since = self._held_since_us
+        if since is None:
+            return None
+        bound_us = int((hold_seconds(self._sweep_every) + self._sweep_every) * US)
+        return since if now_us <= since + bound_us else None
+
     def _after_interruption(self) -> None:
         """After a broken connection: write again what this replica sent lately,
         and hold fallback proposals and sweeps while the others do the same.
@@ -1038,6 +1067,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         again = store.reassert(self.settings.replica_id, sent) if sent else []
         self._interruptions_seen = seen
         self._hold_until = time.monotonic() + hold_seconds(self._sweep_every)
+        self._held_since_us = store.clock.now_us()
         if not again:
             return
         self.stats["lost_writes"] += len(again)

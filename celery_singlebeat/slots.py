@@ -196,16 +196,25 @@ class Plan:
 
 
 def plan_due(
-    sequence: SlotSequence, next_us: int | None, now_us: int, policy: MissedPolicy
+    sequence: SlotSequence,
+    next_us: int | None,
+    now_us: int,
+    policy: MissedPolicy,
+    judged_at_us: int | None = None,
 ) -> Plan:
     """Slots of one entry due at ``now_us``, starting at slot ``next_us``.
 
-    A slot is *on time* while ``now - slot <= grace`` and *missed* after that.
-    Returns the slots to propose (ascending), how many missed slots the policy
-    dropped, and the first slot after ``now_us`` (the entry's next due time).
+    A slot is *on time* while ``judged - slot <= grace`` and *missed* after
+    that, where ``judged`` is ``now_us``, or ``judged_at_us`` when that is
+    earlier: the caller held these proposals back on purpose since then (the
+    hold after a broken connection, failover.py), and a delay of its own
+    making does not make a slot late. Returns the slots to propose
+    (ascending), how many missed slots the policy dropped, and the first slot
+    after ``now_us`` (the entry's next due time).
     """
     keep = max(policy.max_missed, 1)
-    cutoff = now_us - policy.grace_us  # a slot before this is missed
+    judged_us = now_us if judged_at_us is None else min(now_us, judged_at_us)
+    cutoff = judged_us - policy.grace_us  # a slot before this is missed
     at = next_us
     missed_count = 0
     missed_first: int | None = None

@@ -103,3 +103,43 @@ def test_the_journal_keeps_the_window_before_the_last_confirm() -> None:
     off = SentJournal(0)
     off.add([Claim("a", 1, 1)], at=1.0)
     assert off.recent() == [] and len(off) == 0
+
+
+@pytest.mark.parametrize("policy", ["skip", "coalesce"])
+def test_a_dead_replicas_share_held_past_the_grace_is_sent_not_dropped(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+) -> None:
+    """r0 stops (killed, or paused) while its row still looks live, and the
+    connection breaks (a failover, a restart). Only the others' fallbacks
+    propose r0's share, and they are held for a sweep + 2 s (7 s), longer
+    than the grace (5 s). When the hold ends, the slots it delayed are judged
+    as of its start: every one of them is sent, once; none is dropped as
+    missed."""
+    harness = harness_for(
+        {f"job-{i:02d}": every(1) for i in range(ENTRIES)},
+        singlebeat_missed_policy=policy,
+        singlebeat_missed_grace=5,
+    )
+    shift = monotonic_shift(monkeypatch)
+    replicas = _sharing(harness, 3)
+    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
+    hold = hold_seconds(replicas[1]._sweep_every)
+    assert share and hold > 5
+    caplog.set_level(logging.WARNING, logger="celery_singlebeat")
+    harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
+    start_us = harness.t0_us
+    rounds = int(hold) + 3
+    for _ in range(rounds):
+        shift[0] += 1.0
+        _round(harness, replicas[1:])  # r0 ticks no more
+    sent = Counter((m.entry, m.at_us) for m in harness.drain())
+    # r0's share, every slot from the break on, sent once, by the fallbacks
+    for entry in sorted(share):
+        slots = [at for (name, at) in sent if name == entry and at > start_us]
+        assert len(slots) == rounds, (entry, len(slots))
+    assert max(sent.values()) == 1
+    assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
+    assert sum(r.stats.get("skipped", 0) for r in replicas) == 0

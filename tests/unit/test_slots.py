@@ -248,6 +248,22 @@ def test_a_slot_later_than_grace_is_missed() -> None:
     assert plan_due(MINUTELY, S[1], now, policy("coalesce")) == Plan([S[1]], 0, None, None, S[2])
 
 
+def test_a_slot_judged_as_of_an_earlier_instant_is_on_time_then() -> None:
+    """judged_at_us: the caller held its proposals since then on purpose."""
+    now = S[1] + GRACE_US + 7 * US
+    assert plan_due(MINUTELY, S[1], now, policy("skip")) == Plan([], 1, S[1], S[1], S[2])
+    # on time when the hold began: proposed, as at that instant
+    held = plan_due(MINUTELY, S[1], now, policy("skip"), judged_at_us=S[1] + GRACE_US)
+    assert held == Plan([S[1]], 0, None, None, S[2])
+    # missed already when it began: still missed
+    late = plan_due(MINUTELY, S[1], now, policy("skip"), judged_at_us=S[1] + GRACE_US + 1)
+    assert late == Plan([], 1, S[1], S[1], S[2])
+    # an instant after now changes nothing: never judged later than now
+    assert plan_due(MINUTELY, S[1], S[1], policy("skip"), judged_at_us=S[3]) == plan_due(
+        MINUTELY, S[1], S[1], policy("skip")
+    )
+
+
 def test_not_due_yet_proposes_nothing() -> None:
     assert plan_due(MINUTELY, S[2], S[1] + 30 * US, policy("all")) == Plan([], 0, None, None, S[2])
     assert plan_due(MINUTELY, None, S[5], policy("all")) == Plan([], 0, None, None, None)
