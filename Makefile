@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load bench-failover chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -127,6 +127,12 @@ bench-load: $(STAMP)
 # about 4 minutes; writes results/failover-latest.json. Not part of make test.
 bench-failover: $(STAMP)
 	$(BIN)/python benchmarks/bench_failover.py --mode both --failovers 3 --seed 1
+
+# The same with MariaDB (benchmarks/failover_mariadb.py): a primary and a GTID
+# replica of its own, asynchronous through a 300 ms link, then semi-synchronous
+# (AFTER_SYNC); about 4 minutes; writes results/failover-mariadb-latest.json.
+bench-failover-mariadb: $(STAMP)
+	$(BIN)/python benchmarks/bench_failover.py --database mariadb --mode both --failovers 3 --seed 1
 
 # 5 beat replicas, 2 workers, own PostgreSQL and Redis, 10 minutes of seeded faults
 # (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.

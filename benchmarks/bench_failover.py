@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Database failover: what 3 beat replicas and a SingletonTask worker do when the
-PostgreSQL primary dies and a standby is promoted under a moved address.
+database's primary dies and a standby is promoted under a moved address.
 
 Topology, per mode (every process real, started here; ``failover.py`` builds
-the database side):
+the database side for PostgreSQL, ``failover_mariadb.py`` for MariaDB,
+``--database``):
 
 * a PostgreSQL 15 primary with a streaming standby of its own, the WAL stream
   through a link that delays it (``--lag-ms``, asynchronous mode) or a
   synchronous standby (``--sync-lag-ms``, ``synchronous_commit = on``);
+  or (``--database mariadb``) a MariaDB primary with a replica of its own,
+  asynchronous (``async``, ``--lag-ms``) or semi-synchronous (``semisync``,
+  ``AFTER_SYNC``, ``--sync-lag-ms``), GTID replication through the same
+  delaying link;
 * a movable address (a TCP proxy) that every process below connects to;
 * 3 ``celery beat`` replicas of ``tests/acceptance/beatapp.py``, 50 interval
   entries every second, each sending ``singletonapp.slot_probe`` (one
@@ -38,15 +43,19 @@ Judged from outside:
 * per slot of every entry (from the entries' anchors) between the replicas'
   start and the end: sent twice, executed twice, lost (never in the broker),
   never executed, and the longest wait between two consecutive slots of an
-  entry reaching the broker.
+  entry reaching the broker;
+* from the logs: how many sent slots (replicas) and run rows (the worker) the
+  database had lost and they wrote again after a failover, and every ERROR line.
 
 Usage::
 
     python benchmarks/bench_failover.py                    # both modes, 3 failovers each
     python benchmarks/bench_failover.py --mode async --failovers 1 --lag-ms 300 --seed 2
+    python benchmarks/bench_failover.py --database mariadb  # async and semisync
 
-Writes ``benchmarks/results/failover-latest.json`` (``--json``). Exit status
-0 whatever the figures: this measures, the targets are issue 13's.
+Writes ``benchmarks/results/failover-latest.json`` (``failover-mariadb-latest.json``
+for MariaDB; ``--json``). Exit status 0 whatever the figures: this measures, the
+targets are issue 13's.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +83,8 @@ ACCEPTANCE = ROOT / "tests" / "acceptance"
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from failover import MODES, Failover, FailoverPair  # noqa: E402  (puts harness on sys.path)
+from failover_mariadb import MODES as MARIADB_MODES  # noqa: E402
+from failover_mariadb import MariaDBPair  # noqa: E402
 from harness import (  # noqa: E402
     DROPPED_LINE,
     SENT_LINE,
@@ -100,10 +112,18 @@ STEADY = (10.0, 15.0)
 #: after a failover, every entry must have reached the broker again with a slot
 #: this long after the address moved before the run goes on
 RECOVERED_AFTER_S = 2.0
+DATABASES: dict[str, tuple[str, ...]] = {"postgresql": MODES, "mariadb": MARIADB_MODES}
+#: a Celery log line's time ("[2026-12-03 08:36:50,123: ERROR/MainProcess] ...")
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): (\w+)/", re.M)
+#: what a replica / the worker logs when it found, after a broken connection,
+#: that the database lacked what it had written lately, and wrote it again
+BEAT_AGAIN = re.compile(r"singlebeat: the database lost (\d+) of the slots replica")
+WORKER_AGAIN = re.compile(r"singlebeat: the database lost (\d+) of the run rows worker")
 
 
 @dataclass
 class Config:
+    database: str
     modes: list[str]
     failovers: int
     seed: int
@@ -133,10 +153,21 @@ class FailoverReport:
     doubled_from_s: float | None = None
     doubled_to_s: float | None = None
     longest_gap_s: float = 0.0
+    #: sent slots (replicas) and run rows (worker) the database had lost and
+    #: that were written again, as logged after this failover
+    written_again_by_beats: int = 0
+    written_again_by_worker: int = 0
+    #: MariaDB: transactions the primary had in its binary log that the
+    #: replica had not received / did not apply; the semi-sync state at the cut
+    behind_transactions: int | None = None
+    lost_transactions: int | None = None
+    semisync_status: str | None = None
+    semisync_no_tx: int | None = None
 
 
 @dataclass
 class ModeReport:
+    database: str
     mode: str
     lag_ms: float
     window_s: float
@@ -157,6 +188,12 @@ class ModeReport:
     retried_by_worker: int = 0
     #: publishes of doubled slots as the replicas logged them: "won" / "took over"
     doubled_how: dict[str, int] = field(default_factory=dict)
+    #: see FailoverReport; over the whole run
+    written_again_by_beats: int = 0
+    written_again_by_worker: int = 0
+    #: every ERROR line of the replicas' and the worker's logs (the first 20)
+    errors: int = 0
+    error_lines: list[str] = field(default_factory=list)
     failovers: list[FailoverReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -175,7 +212,11 @@ class Run:
         self.prefix = f"fo{uuid.uuid4().hex[:8]}_"
         self.queue = f"sbq-{uuid.uuid4().hex}"
         self.mirror = f"{self.queue}-mirror"
-        self.pair = FailoverPair(mode, self.lag)
+        self.pair: FailoverPair | MariaDBPair = (
+            MariaDBPair(mode, self.lag)
+            if config.database == "mariadb"
+            else FailoverPair(mode, self.lag)
+        )
         self.reader: RedisQueueReader | None = None
         self.beats: list[BeatProcess] = []
         self.worker: BeatProcess | None = None
@@ -275,10 +316,17 @@ class Run:
             # a random point within the second the slots fall due on
             self._sleep(1.0 - time.time() % 1.0 + self.rng.random())
             record = self.pair.failover()
+            behind = getattr(record, "behind_transactions", None)
             self.say(
                 f"failover {record.number}: unavailable {record.unavailable_s:.3f}s, standby "
-                f"{record.behind_ms:.0f} ms / {record.behind_bytes} bytes behind, "
-                f"timeline {record.timeline}"
+                f"{record.behind_ms:.0f} ms / {record.behind_bytes} bytes"
+                + ("" if behind is None else f" / {behind} transactions")
+                + " behind, "
+                + (
+                    f"timeline {record.timeline}"
+                    if self.config.database == "postgresql"
+                    else f"new primary server_id {record.timeline}"
+                )
             )
             wait_for(
                 lambda r=record: self._recovered(r.moved_at + RECOVERED_AFTER_S),  # type: ignore[misc]
@@ -386,7 +434,16 @@ class Run:
             for m in SENT_LINE.finditer(beat.log()):
                 if m["task_id"] in doubled_ids:
                     how[m["how"]] += 1
+        logs = {b.name: b.log() for b in [*self.beats, *([self.worker] if self.worker else [])]}
+        again = self._written_again(logs)
+        errors = [
+            f"{name}: {line}"
+            for name, text in logs.items()
+            for line in text.splitlines()
+            if ": ERROR/" in line
+        ]
         report = ModeReport(
+            database=self.config.database,
             mode=self.mode,
             lag_ms=self.lag * 1000,
             window_s=round((upto_us - from_us) / US, 1),
@@ -403,14 +460,42 @@ class Run:
             dropped_by_worker=len(DROPPED_LINE.findall(self.worker.log() if self.worker else "")),
             doubled_how=dict(how),
             retried_by_worker=retried,
+            written_again_by_beats=sum(n for _, who, n in again if who == "beats"),
+            written_again_by_worker=sum(n for _, who, n in again if who == "worker"),
+            errors=len(errors),
+            error_lines=[line[:400] for line in errors[:20]],
         )
         for s in sorted(lost)[:10]:
             report.problems.append(f"lost: {s[0]}@{s[1]}")
         for s in sorted(s for s in due if copies[s] > 2)[:10]:
             report.problems.append(f"{copies[s]} copies: {s[0]}@{s[1]}")
-        for rec, rebuilt in zip(self.pair.failovers, self.rebuilt + [0.0] * 10):
-            report.failovers.append(self._per_failover(rec, rebuilt, twice, ran_twice, lost, gaps))
+        cuts = [rec.cut_at for rec in self.pair.failovers]
+        for i, (rec, rebuilt) in enumerate(zip(self.pair.failovers, self.rebuilt + [0.0] * 10)):
+            one = self._per_failover(rec, rebuilt, twice, ran_twice, lost, gaps)
+            until = cuts[i + 1] if i + 1 < len(cuts) else float("inf")
+            # the log's times are to the millisecond: a line of this failover's
+            # is logged after its cut and before the next one's
+            mine = [(who, n) for at, who, n in again if rec.cut_at - 0.01 <= at < until]
+            one.written_again_by_beats = sum(n for who, n in mine if who == "beats")
+            one.written_again_by_worker = sum(n for who, n in mine if who == "worker")
+            report.failovers.append(one)
         return report
+
+    @staticmethod
+    def _written_again(logs: dict[str, str]) -> list[tuple[float, str, int]]:
+        """(when, "beats" or "worker", how many) for every log line saying that
+        the database had lost writes and they were written again."""
+        out: list[tuple[float, str, int]] = []
+        for text in logs.values():
+            for line in text.splitlines():
+                for pattern, who in ((BEAT_AGAIN, "beats"), (WORKER_AGAIN, "worker")):
+                    found = pattern.search(line)
+                    stamp = LOG_TIME.match(line)
+                    if found and stamp:
+                        # Celery logs local time, as time.time() compared with it
+                        at = datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                        out.append((at, who, int(found[1])))
+        return out
 
     @staticmethod
     def _gaps(
@@ -445,6 +530,10 @@ class Run:
 
         doubled = sorted(s[1] / US - rec.cut_at for s in twice if near(s))
         return FailoverReport(
+            behind_transactions=getattr(rec, "behind_transactions", None),
+            lost_transactions=getattr(rec, "lost_transactions", None),
+            semisync_status=getattr(rec, "semisync_status", None),
+            semisync_no_tx=getattr(rec, "semisync_no_tx", None),
             number=rec.number,
             at_s=round(rec.cut_at - self.t0_wall, 1),
             unavailable_s=round(rec.unavailable_s, 3),
@@ -493,7 +582,7 @@ class Run:
 # -- output ----------------------------------------------------------------------------
 
 
-def machine(pg_version: str, redis_url: str) -> dict[str, Any]:
+def machine(database: str, version: str, redis_url: str) -> dict[str, Any]:
     """bench_scheduler's machine description, with this rig's own servers."""
     import redis
     from bench_scheduler import machine as common
@@ -509,7 +598,7 @@ def machine(pg_version: str, redis_url: str) -> dict[str, Any]:
         text=True,
         check=False,
     ).stdout.strip()
-    return {**common(), "postgresql": pg_version, "redis_server": redis_server, "commit": commit}
+    return {**common(), database: version, "redis_server": redis_server, "commit": commit}
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -529,18 +618,20 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     c = results["config"]
+    database = c.get("database", "postgresql")
     out = [
-        f"celery-singlebeat database failover (commit {m['commit']}, seed {c['seed']}, "
-        f"{c['failovers']} failovers per mode)",
+        f"celery-singlebeat database failover, {database} (commit {m['commit']}, seed "
+        f"{c['seed']}, {c['failovers']} failovers per mode)",
         f"machine: {m['nproc']} CPUs, {m['cpu']}, load {m['load_average_1m_at_start']} at start; "
         f"Python {m['python']}, celery {m['celery']}, kombu {m['kombu']}, "
-        f"{m['postgresql']}, Redis {m['redis_server']}",
+        f"{m.get(database, '')}, Redis {m['redis_server']}",
         f"{c['replicas']} beat replicas, {c['entries']} entries every 1 s, 1 SingletonTask worker",
         "",
         table(
             [
                 "mode", "link lag", "window", "slots due", "sent twice", "executed twice",
                 "lost", "not executed", "longest gap", "dropped by worker", "worker retries",
+                "written again (beats / worker)", "errors",
             ],
             [
                 [
@@ -548,6 +639,8 @@ def render(results: dict[str, Any]) -> str:
                     r["sent_twice"], r["executed_twice"], r["lost"], r["not_executed"],
                     f"{r['longest_gap_s']:.2f} s", r["dropped_by_worker"],
                     r["retried_by_worker"],
+                    f"{r.get('written_again_by_beats', 0)} / {r.get('written_again_by_worker', 0)}",
+                    r.get("errors", 0),
                 ]
                 for r in results["modes"]
             ],
@@ -557,15 +650,20 @@ def render(results: dict[str, Any]) -> str:
             [
                 "mode", "failover", "at", "unavailable", "standby behind", "sent twice",
                 "doubled slots (vs cut)", "executed twice", "lost", "gap", "rebuild",
+                "written again (beats / worker)",
             ],
             [
                 [
                     r["mode"], f["number"], f"{f['at_s']:g} s", f"{f['unavailable_s']:.3f} s",
-                    f"{f['behind_ms']:g} ms / {f['behind_bytes']} B", f["sent_twice"],
+                    f"{f['behind_ms']:g} ms / {f['behind_bytes']} B"
+                    + ("" if f.get("behind_transactions") is None
+                       else f" / {f['behind_transactions']} tx"),
+                    f["sent_twice"],
                     "" if f["doubled_from_s"] is None
                     else f"{f['doubled_from_s']:+.2f} .. {f['doubled_to_s']:+.2f} s",
                     f["executed_twice"], f["lost"], f"{f['longest_gap_s']:.2f} s",
                     f"{f['standby_rebuilt_s']:g} s",
+                    f"{f.get('written_again_by_beats', 0)} / {f.get('written_again_by_worker', 0)}",
                 ]
                 for r in results["modes"]
                 for f in r["failovers"]
@@ -578,31 +676,63 @@ def render(results: dict[str, Any]) -> str:
         if not r["same_task_ids"]:
             out.append(f"{r['mode']}: a copy had a task id that is not its slot's")
         out.extend(f"{r['mode']}: {p}" for p in r["problems"])
+        for f in r["failovers"]:
+            if f.get("semisync_status") not in (None, "", "ON") or f.get("semisync_no_tx"):
+                out.append(
+                    f"{r['mode']}: failover {f['number']}: semi-sync {f['semisync_status']}, "
+                    f"{f['semisync_no_tx']} commits without an acknowledgement"
+                )
+        out.extend(f"{r['mode']}: ERROR {line}" for line in r.get("error_lines", [])[:5])
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument("--database", choices=list(DATABASES), default="postgresql")
+    parser.add_argument(
+        "--mode",
+        choices=sorted({m for modes in DATABASES.values() for m in modes} | {"both"}),
+        default="both",
+        help="postgresql: async, sync; mariadb: async, semisync; both: the database's two",
+    )
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--lag-ms", type=float, default=300.0, help="async mode: delay of the WAL link"
+        "--lag-ms", type=float, default=300.0, help="async mode: delay of the replication link"
     )
     parser.add_argument(
-        "--sync-lag-ms", type=float, default=5.0, help="sync mode: delay of the WAL link"
+        "--sync-lag-ms",
+        type=float,
+        default=5.0,
+        help="sync / semisync mode: delay of the replication link",
     )
     parser.add_argument("--entries", type=int, default=50)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--redis-db", type=int, default=8, help="the shared Redis's DB (broker)")
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "failover-latest.json")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="default results/failover-latest.json, failover-mariadb-latest.json for MariaDB",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's folders and logs")
     args = parser.parse_args(argv)
     if args.failovers < 1:
         parser.error("--failovers must be 1 or more")
+    modes = DATABASES[args.database]
+    if args.mode != "both" and args.mode not in modes:
+        parser.error(f"--mode for {args.database}: one of {', '.join(modes)} or both")
+    if args.json is None:
+        name = (
+            "failover-latest.json"
+            if args.database == "postgresql"
+            else "failover-mariadb-latest.json"
+        )
+        args.json = HERE / "results" / name
     redis_host = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
     config = Config(
-        modes=list(MODES) if args.mode == "both" else [args.mode],
+        database=args.database,
+        modes=list(modes) if args.mode == "both" else [args.mode],
         failovers=args.failovers,
         seed=args.seed,
         lag_ms=args.lag_ms,
@@ -614,14 +744,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = datetime.now(timezone.utc)
     reports = []
-    pg_version = ""
+    version = ""
     for mode in config.modes:
         run = Run(mode, config)
         reports.append(run.run())
-        pg_version = run.pair.primary.version if run.pair.primary else pg_version
+        version = run.pair.primary.version if run.pair.primary else version
     results = {
         "started": started.isoformat(timespec="seconds"),
-        "machine": machine(pg_version, config.redis_url),
+        "machine": machine(config.database, version, config.redis_url),
         "config": asdict(config),
         "modes": [asdict(r) for r in reports],
     }
