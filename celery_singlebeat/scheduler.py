@@ -505,16 +505,18 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         # in a moment, so that a replica that is free does not claim a whole
         # second of other replicas' slots and keep them waiting while it
         # publishes. What is left stays due: the next tick follows at once.
+        # Judged as of the hold's start on both heaps: an entry dealt anew
+        # during the hold (the replica first for it stopped) comes to the first
+        # heap with the slots the hold kept back on the other.
+        judged_at_us = self._judged_at(now_us)
         queues: list[tuple[list[_Tracked], int, int, int | None]] = [
-            (self._heap, now_us, FIRST_BATCH, None)
+            (self._heap, now_us, FIRST_BATCH, judged_at_us)
         ]
         if time.monotonic() >= self._hold_until:
             # held after a broken connection (failover.py): the slot a fallback
             # proposal would win may be one another replica sent, whose row the
             # database lost and that replica is about to write again
-            queues.append(
-                (self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH, self._judged_at(now_us))
-            )
+            queues.append((self._later, now_us - FALLBACK_DELAY_US, FALLBACK_BATCH, judged_at_us))
         for heap, ready_us, cap, judged_at_us in queues:
             cap += len(keys)
             while heap and heap[0].next_us <= ready_us and len(keys) < cap:
@@ -1030,10 +1032,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._confirm(published)
 
     def _judged_at(self, now_us: int) -> int | None:
-        """The instant fallback proposals are judged on time or late at, when
-        the hold after a broken connection delayed them: its start, for the
-        sweep interval after its end (they go out as it ends, a busy tick
-        later at most); else None (now).
+        """The instant proposals are judged on time or late at, when the hold
+        after a broken connection delayed them: its start, for the sweep
+        interval after its end (they go out as it ends, a busy tick later at
+        most); else None (now). The entries this replica proposes first are
+        judged so too: one dealt to it anew during the hold (its first replica
+        stopped) carries the slots the hold kept back as a fallback.
 
         Without it, the share of a replica that died or stalled (whose
         entries only fallbacks propose), due during the hold (7 s by default),
@@ -1063,12 +1067,25 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             # the first connection: nothing sent yet, nobody to wait for
             self._interruptions_seen = seen
             return
-        sent = self._journal.recent() + self._unconfirmed
-        again = store.reassert(self.settings.replica_id, sent) if sent else []
+        confirmed = self._journal.recent()
+        sent = confirmed + self._unconfirmed
+        written = store.reassert(self.settings.replica_id, sent) if sent else []
         self._interruptions_seen = seen
         self._hold_until = time.monotonic() + hold_seconds(self._sweep_every)
         self._held_since_us = store.clock.now_us()
+        # Only a confirm the database acknowledged and no longer has is a lost
+        # write. One the break cut off (in _unconfirmed) never committed as far
+        # as we know: recording it now is the confirm's retry, not a loss, and
+        # counting it would raise the failover alarm after any cut connection.
+        acknowledged = set(confirmed)
+        again = [claim for claim in written if claim in acknowledged]
         if not again:
+            logger.info(
+                "singlebeat: replica %s reconnected to the database; its fallback proposals "
+                "and sweeps wait %.1fs for the other replicas to write what they sent",
+                self.settings.replica_id,
+                hold_seconds(self._sweep_every),
+            )
             return
         self.stats["lost_writes"] += len(again)
         self.telemetry.lost_writes(len(again))

@@ -18,11 +18,18 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from test_scheduler import SECOND, Harness, every, harness_for, monotonic_shift  # noqa: F401
+from test_scheduler import (  # noqa: F401
+    SECOND,
+    Harness,
+    _published_then_unconfirmed,
+    every,
+    harness_for,
+    monotonic_shift,
+)
 from test_sharing import FALLBACK, _round, _sharing
 
 from celery_singlebeat.failover import SentJournal, hold_seconds
-from celery_singlebeat.store.base import Claim
+from celery_singlebeat.store.base import Claim, SlotKey
 from celery_singlebeat.testing import MemoryScheduler
 
 ENTRIES = 60
@@ -143,3 +150,70 @@ def test_a_dead_replicas_share_held_past_the_grace_is_sent_not_dropped(
     assert max(sent.values()) == 1
     assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
     assert sum(r.stats.get("skipped", 0) for r in replicas) == 0
+
+
+def test_a_share_dealt_anew_during_the_hold_is_judged_as_of_its_start(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """r0 dies; its share goes out through the others' fallbacks. Then the
+    connection breaks and the fallbacks are held (7 s). While they are, r0's
+    last slot row ages out of the live window (10 s), the entries are dealt
+    out anew and r0's share moves to the entries r1 and r2 propose first,
+    which no hold delays. The slots the hold kept back are judged as of its
+    start there too: none is dropped as missed for a delay of our own."""
+    harness = harness_for(
+        {f"job-{i:02d}": every(1) for i in range(ENTRIES)},
+        singlebeat_missed_policy="coalesce",
+        singlebeat_missed_grace=5,
+    )
+    shift = monotonic_shift(monkeypatch)
+    replicas = _sharing(harness, 3)
+    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
+    hold = hold_seconds(replicas[1]._sweep_every)
+    assert share and hold > 5
+    caplog.set_level(logging.WARNING, logger="celery_singlebeat")
+    start_us = harness.t0_us
+    # r0 is dead: the fallbacks send its share. Its last row ages out of the
+    # live window 10 s after it won it: 3 s here, 6 s into the 7 s hold, more
+    # than the grace (5 s) after the hold began
+    before = 3
+    for _ in range(before):
+        shift[0] += 1.0
+        _round(harness, replicas[1:])
+    harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
+    rounds = int(hold) + 3
+    for _ in range(rounds):
+        shift[0] += 1.0
+        _round(harness, replicas[1:])
+    # dealt anew during the hold: r1 and r2 now propose r0's share first
+    r1, r2 = replicas[1]._tracked, replicas[2]._tracked
+    assert all(r1[name].first != r2[name].first for name in share)
+    sent = Counter((m.entry, m.at_us) for m in harness.drain())
+    for entry in sorted(share):
+        slots = [at for (name, at) in sent if name == entry and at > start_us]
+        assert len(slots) == before + rounds, (entry, len(slots))
+    assert max(sent.values()) == 1
+    assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
+    assert sum(r.stats.get("skipped", 0) for r in replicas) == 0
+
+
+def test_a_confirm_cut_off_by_the_break_is_written_but_not_counted_as_lost(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The connection breaks during the confirm of two published slots: the
+    database never acknowledged them, so the write-back after the reconnect
+    records them (the confirm's retry) without the failover alarm, which is
+    for acknowledged writes the database no longer has."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"a": every(1), "b": every(1)})
+    store, replica, pending = _published_then_unconfirmed(harness)
+    store.interruptions += 1  # the confirm's connection broke
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert all(r.state == 1 for r in store.slot_rows() if SlotKey(r.entry, r.slot_us) in pending)
+    assert replica.stats["lost_writes"] == 0
+    assert not [r for r in caplog.records if getattr(r, "decision", None) == "lost_writes"]
+    assert [r for r in caplog.records if "reconnected to the database" in r.getMessage()]
