@@ -172,6 +172,15 @@ STOPPING_LINE = re.compile(r"SB-STOPPING (?P<entry>\S+) (?P<task_id>[0-9a-f-]{36
 #: what a replica and a worker log when a failover lost writes they had seen
 #: committed, and they wrote them again (scheduler.py, singleton/writeback.py)
 LOST_SLOTS_LINE = re.compile(r"the database lost (?P<n>\d+) of the slots replica")
+#: a replica's hold after a broken connection, as it logs it (the INFO line when
+#: nothing was lost, the ERROR line when something was): its start on the
+#: replica's clock and how long its fallback proposals wait
+HOLD_AT = re.compile(
+    r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): \w+/MainProcess\] singlebeat: (?:replica \S+ "
+    r"reconnected to the database; its fallback proposals and sweeps wait|the database "
+    r"lost .*?fallback proposals and sweeps wait) (?P<s>[\d.]+)s",
+    re.M,
+)
 LOST_RUNS_LINE = re.compile(r"the database lost (?P<n>\d+) of the run rows worker")
 #: a slot is counted against a failover when its instant is this close to it:
 #: the replicas' failover window (singlebeat_failover_window, 10 s) before the
@@ -578,6 +587,8 @@ class Chaos:
         self.replacing: set[str] = set()
         #: every beat process of the run, by name
         self.lives: dict[str, Life] = {}
+        #: each beat process's holds after a broken connection (read_holds)
+        self.holds: dict[str, list[tuple[int, int]]] = {}
         #: slot rows written back after a failover (slot_rows)
         self.written_back: set[tuple[str, int]] = set()
 
@@ -1078,7 +1089,9 @@ class Chaos:
         ``roll-0``'s instants that only its every-1-s version has are required
         while a replica with that version was connected and running (not
         paused, stopped or killed) from a moment before the instant until it
-        must have claimed it: the union of both versions' schedules runs.
+        must have claimed it (held after a broken connection, a replica
+        proposes its fallbacks when the hold ends: then until just after
+        that): the union of both versions' schedules runs.
         Optional where such a replica started or stopped around the instant
         (it may or may not have proposed it). Where none ran, the instant is
         no slot at all, and executing it is counted as unexpected."""
@@ -1104,18 +1117,44 @@ class Chaos:
                         optional.add((name, s))
         return required, optional
 
+    @staticmethod
+    def read_holds(beat_logs: list[tuple[BeatProcess, str]]) -> dict[str, list[tuple[int, int]]]:
+        """Each beat process's holds after a broken connection, (start, end)
+        on the database's clock (the log's clock corrected as in
+        :meth:`first_publishes`)."""
+        holds: dict[str, list[tuple[int, int]]] = {}
+        for proc, text in beat_logs:
+            offset = OFFSET_LINE.search(text)
+            offset_us = float(offset["ms"]) * 1000 if offset else 0.0
+            for m in HOLD_AT.finditer(text):
+                local = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                at_us = int(local * US + offset_us)
+                holds.setdefault(proc.name, []).append((at_us, at_us + int(float(m["s"]) * US)))
+        return holds
+
+    def claimed_by(self, name: str, slot_us: int, end_us: int) -> int:
+        """When process ``name`` must still run to have claimed ``slot_us``
+        as a fallback: ``end_us``, or just after a hold that kept its fallback
+        proposals back over the slot (they go out when it ends)."""
+        for start, end in self.holds.get(name, ()):
+            if start <= end_us and end > slot_us:
+                end_us = max(end_us, end + ROLL_CLAIM_US)
+        return end_us
+
     def version_ran(self, version: str, start_us: int, end_us: int, upto_us: int) -> bool:
         """A beat process of ``version`` was connected and running (not paused,
-        not yet stopped) throughout ``[start_us, end_us]``."""
+        not yet stopped) throughout ``[start_us, end_us]``, or past the end of
+        a hold over that time (:meth:`claimed_by`)."""
         for name, life in self.lives.items():
             if life.version != version or not life.connected_us:
                 continue
-            if life.connected_us > start_us or (life.ended_us or upto_us) < end_us:
+            needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us)
+            if life.connected_us > start_us or (life.ended_us or upto_us) < needed_us:
                 continue
             paused = any(
                 f.kind == "pause"
                 and f.proc == name
-                and f.start_us <= end_us
+                and f.start_us <= needed_us
                 and (f.end_us or upto_us) >= start_us
                 for f in self.faults
             )
@@ -1270,6 +1309,8 @@ class Chaos:
 
     def judge(self, upto_us: int, started: datetime, wall_s: float) -> Report:
         rows = self.slot_rows()
+        beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
+        self.holds = self.read_holds(beat_logs)
         required, optional = self.expected(upto_us)
         done = self.executions()
         windows = self.db_windows(rows)
@@ -1279,7 +1320,6 @@ class Chaos:
                 rid = proc.replica_id()
                 if rid:
                     names[rid] = proc.name
-        beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
         worker_logs = [w.log() for w in self.worker_runs]
 
         self.pause_outcomes(rows, done, names, beat_logs, worker_logs)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import shutil
 import sys
+from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import IN_CI
@@ -98,6 +100,7 @@ def test_an_instant_only_one_version_has_is_required_while_a_replica_of_it_runs(
         "r1.1": chaos.Life("1", 0, connected_us=2 * us),
     }
     run.faults = [chaos.Fault("pause", "r0", "", 20 * us, end_us=25 * us, proc="r0.2")]
+    run.holds = {}
     upto = 100 * us
     # running and connected throughout: must run
     assert run.version_ran("2", 14 * us, 16 * us, upto)
@@ -114,6 +117,39 @@ def test_an_instant_only_one_version_has_is_required_while_a_replica_of_it_runs(
     # no process of that version anywhere near: the instant is no slot
     assert not run.version_may_have_run("2", 3 * us, upto)
     assert not run.version_may_have_run("2", 32 * us, upto)
+
+
+def test_a_hold_after_a_broken_connection_extends_when_a_version_must_run() -> None:
+    """A replica held after a reconnect proposes its fallbacks when the hold
+    ends: an instant only its version has is required only if it ran past
+    that; stopped during the hold, it may or may not have sent it."""
+    run = chaos.Chaos.__new__(chaos.Chaos)
+    us = chaos.US
+    run.faults = []
+    log = (
+        "[2026-12-03 08:00:42,000: INFO/MainProcess] singlebeat: replica vm:1:a reconnected "
+        "to the database; its fallback proposals and sweeps wait 7.0s for the other "
+        "replicas to write what they sent\n"
+    )
+    proc = SimpleNamespace(name="r0.1")
+    holds = chaos.Chaos.read_holds([(proc, log)])  # type: ignore[list-item]
+    start = int(datetime(2026, 12, 3, 8, 0, 42).timestamp() * us)
+    assert holds == {"r0.1": [(start, start + 7 * us)]}
+    upto = start + 100 * us
+    # the only process of version 2: held for 7 s, stopped 6 s into the hold
+    run.lives = {"r0.1": chaos.Life("2", 0, connected_us=start - 40 * us, ended_us=start + 6 * us)}
+    slot = start + 2 * us
+    run.holds = {}
+    assert run.version_ran("2", slot - us, slot + us, upto)  # without the hold: required
+    run.holds = holds
+    assert not run.version_ran("2", slot - us, slot + us, upto)
+    # running past the hold's end (and the claim after it): required
+    run.lives["r0.1"].ended_us = start + 9 * us
+    assert run.version_ran("2", slot - us, slot + us, upto)
+    # a hold that ended before the instant changes nothing
+    later = start + 20 * us
+    run.lives["r0.1"].ended_us = later + 2 * us
+    assert run.version_ran("2", later - us, later + us, upto)
 
 
 #: the end of a real worker log from a 10-minute run (seed 1): kombu's Redis
