@@ -139,6 +139,7 @@ def test_failover_to_a_lagging_standby_doubles_nothing_and_redeliveries_are_drop
     pg_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     config = Config(
+        database="postgresql",
         modes=["async"],
         failovers=1,
         seed=1,
@@ -146,6 +147,7 @@ def test_failover_to_a_lagging_standby_doubles_nothing_and_redeliveries_are_drop
         sync_lag_ms=0.0,
         entries=ENTRIES,
         replicas=3,
+        concurrency=2,
         redis_url=f"{redis_url}/{REDIS_DB}",
         keep=False,
     )
