@@ -83,7 +83,7 @@ import time
 import uuid
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -541,6 +541,18 @@ def cron_instants(step: int, zone: str, after_us: int, upto_us: int) -> list[int
 
 
 # -- the run ----------------------------------------------------------------------
+
+
+def logged_at(pattern: re.Pattern[str], text: str) -> Iterator[tuple[int, re.Match[str]]]:
+    """Each match of ``pattern`` (a log line with its ``ts``) in one beat
+    process's log, with its instant on the database's clock: the log's clock
+    is the process's own (90 s off under libfaketime), corrected with the
+    database clock offset it logged when it connected."""
+    offset = OFFSET_LINE.search(text)
+    offset_us = float(offset["ms"]) * 1000 if offset else 0.0
+    for m in pattern.finditer(text):
+        local = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        yield int(local * US + offset_us), m
 
 
 class Chaos:
@@ -1120,15 +1132,10 @@ class Chaos:
     @staticmethod
     def read_holds(beat_logs: list[tuple[BeatProcess, str]]) -> dict[str, list[tuple[int, int]]]:
         """Each beat process's holds after a broken connection, (start, end)
-        on the database's clock (the log's clock corrected as in
-        :meth:`first_publishes`)."""
+        on the database's clock (:func:`logged_at`)."""
         holds: dict[str, list[tuple[int, int]]] = {}
         for proc, text in beat_logs:
-            offset = OFFSET_LINE.search(text)
-            offset_us = float(offset["ms"]) * 1000 if offset else 0.0
-            for m in HOLD_AT.finditer(text):
-                local = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                at_us = int(local * US + offset_us)
+            for at_us, m in logged_at(HOLD_AT, text):
                 holds.setdefault(proc.name, []).append((at_us, at_us + int(float(m["s"]) * US)))
         return holds
 
@@ -1590,16 +1597,10 @@ class Chaos:
     ) -> dict[tuple[str, int], tuple[int, str]]:
         """(entry, slot ms) -> (first publish on the database's clock, incarnation).
 
-        A replica logs each message once the broker has it; the log's clock is
-        the replica's own (90 s off under libfaketime), corrected with the
-        database clock offset that replica logged when it connected."""
+        A replica logs each message once the broker has it (:func:`logged_at`)."""
         first: dict[tuple[str, int], tuple[int, str]] = {}
         for proc, text in beat_logs:
-            offset = OFFSET_LINE.search(text)
-            offset_us = float(offset["ms"]) * 1000 if offset else 0.0
-            for m in SENT_AT.finditer(text):
-                local = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                at_us = int(local * US + offset_us)
+            for at_us, m in logged_at(SENT_AT, text):
                 key = (m["entry"], iso_ms(m["at"]))
                 if key not in first or at_us < first[key][0]:
                     first[key] = (at_us, proc.name)
