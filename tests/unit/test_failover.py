@@ -112,6 +112,54 @@ def test_the_journal_keeps_the_window_before_the_last_confirm() -> None:
     assert off.recent() == [] and len(off) == 0
 
 
+def _dead_replicas_share(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+) -> tuple[Harness, list[float], list[MemoryScheduler], set[str], int]:
+    """Three replicas sharing the entries, a grace (5 s) shorter than the hold
+    (7 s): the harness, the monotonic shift, the replicas, r0's share (the
+    entries it proposes first), about to lose r0, and the instant now."""
+    harness = harness_for(
+        {f"job-{i:02d}": every(1) for i in range(ENTRIES)},
+        singlebeat_missed_policy=policy,
+        singlebeat_missed_grace=5,
+    )
+    shift = monotonic_shift(monkeypatch)
+    replicas = _sharing(harness, 3)
+    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
+    assert share and hold_seconds(replicas[1]._sweep_every) > 5
+    caplog.set_level(logging.WARNING, logger="celery_singlebeat")
+    return harness, shift, replicas, share, harness.t0_us
+
+
+def _rounds(harness: Harness, shift: list[float], replicas: list[MemoryScheduler], n: int) -> None:
+    """``n`` seconds of r1 and r2 ticking; r0 ticks no more."""
+    for _ in range(n):
+        shift[0] += 1.0
+        _round(harness, replicas[1:])
+
+
+def _assert_share_sent_once(
+    harness: Harness,
+    replicas: list[MemoryScheduler],
+    share: set[str],
+    start_us: int,
+    slots: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """r0's share: ``slots`` slots of each entry after ``start_us`` sent, nothing
+    sent twice, and none dropped as missed."""
+    sent = Counter((m.entry, m.at_us) for m in harness.drain())
+    for entry in sorted(share):
+        got = [at for (name, at) in sent if name == entry and at > start_us]
+        assert len(got) == slots, (entry, len(got))
+    assert max(sent.values()) == 1
+    assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
+    assert sum(r.stats.get("skipped", 0) for r in replicas) == 0
+
+
 @pytest.mark.parametrize("policy", ["skip", "coalesce"])
 def test_a_dead_replicas_share_held_past_the_grace_is_sent_not_dropped(
     harness_for: Callable[..., Harness],  # noqa: F811
@@ -125,31 +173,13 @@ def test_a_dead_replicas_share_held_past_the_grace_is_sent_not_dropped(
     than the grace (5 s). When the hold ends, the slots it delayed are judged
     as of its start: every one of them is sent, once; none is dropped as
     missed."""
-    harness = harness_for(
-        {f"job-{i:02d}": every(1) for i in range(ENTRIES)},
-        singlebeat_missed_policy=policy,
-        singlebeat_missed_grace=5,
+    harness, shift, replicas, share, start_us = _dead_replicas_share(
+        harness_for, monkeypatch, caplog, policy
     )
-    shift = monotonic_shift(monkeypatch)
-    replicas = _sharing(harness, 3)
-    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
-    hold = hold_seconds(replicas[1]._sweep_every)
-    assert share and hold > 5
-    caplog.set_level(logging.WARNING, logger="celery_singlebeat")
     harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
-    start_us = harness.t0_us
-    rounds = int(hold) + 3
-    for _ in range(rounds):
-        shift[0] += 1.0
-        _round(harness, replicas[1:])  # r0 ticks no more
-    sent = Counter((m.entry, m.at_us) for m in harness.drain())
-    # r0's share, every slot from the break on, sent once, by the fallbacks
-    for entry in sorted(share):
-        slots = [at for (name, at) in sent if name == entry and at > start_us]
-        assert len(slots) == rounds, (entry, len(slots))
-    assert max(sent.values()) == 1
-    assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
-    assert sum(r.stats.get("skipped", 0) for r in replicas) == 0
+    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    _rounds(harness, shift, replicas, rounds)
+    _assert_share_sent_once(harness, replicas, share, start_us, rounds, caplog)
 
 
 def test_a_share_dealt_anew_during_the_hold_is_judged_as_of_its_start(
@@ -163,40 +193,21 @@ def test_a_share_dealt_anew_during_the_hold_is_judged_as_of_its_start(
     out anew and r0's share moves to the entries r1 and r2 propose first,
     which no hold delays. The slots the hold kept back are judged as of its
     start there too: none is dropped as missed for a delay of our own."""
-    harness = harness_for(
-        {f"job-{i:02d}": every(1) for i in range(ENTRIES)},
-        singlebeat_missed_policy="coalesce",
-        singlebeat_missed_grace=5,
+    harness, shift, replicas, share, start_us = _dead_replicas_share(
+        harness_for, monkeypatch, caplog, "coalesce"
     )
-    shift = monotonic_shift(monkeypatch)
-    replicas = _sharing(harness, 3)
-    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
-    hold = hold_seconds(replicas[1]._sweep_every)
-    assert share and hold > 5
-    caplog.set_level(logging.WARNING, logger="celery_singlebeat")
-    start_us = harness.t0_us
     # r0 is dead: the fallbacks send its share. Its last row ages out of the
     # live window 10 s after it won it: 3 s here, 6 s into the 7 s hold, more
     # than the grace (5 s) after the hold began
     before = 3
-    for _ in range(before):
-        shift[0] += 1.0
-        _round(harness, replicas[1:])
+    _rounds(harness, shift, replicas, before)
     harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
-    rounds = int(hold) + 3
-    for _ in range(rounds):
-        shift[0] += 1.0
-        _round(harness, replicas[1:])
+    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    _rounds(harness, shift, replicas, rounds)
     # dealt anew during the hold: r1 and r2 now propose r0's share first
     r1, r2 = replicas[1]._tracked, replicas[2]._tracked
     assert all(r1[name].first != r2[name].first for name in share)
-    sent = Counter((m.entry, m.at_us) for m in harness.drain())
-    for entry in sorted(share):
-        slots = [at for (name, at) in sent if name == entry and at > start_us]
-        assert len(slots) == before + rounds, (entry, len(slots))
-    assert max(sent.values()) == 1
-    assert not [r for r in caplog.records if "missed slot(s)" in r.getMessage()]
-    assert sum(r.stats.get("skipped", 0) for r in replicas) == 0
+    _assert_share_sent_once(harness, replicas, share, start_us, before + rounds, caplog)
 
 
 def test_a_confirm_cut_off_by_the_break_is_written_but_not_counted_as_lost(
@@ -213,7 +224,8 @@ def test_a_confirm_cut_off_by_the_break_is_written_but_not_counted_as_lost(
     store.interruptions += 1  # the confirm's connection broke
     harness.clock.advance(SECOND)
     replica.tick()
-    assert all(r.state == 1 for r in store.slot_rows() if SlotKey(r.entry, r.slot_us) in pending)
+    states = {SlotKey(r.entry, r.slot_us): r.state for r in store.slot_rows()}
+    assert [states.get(key) for key in pending] == [1, 1]
     assert replica.stats["lost_writes"] == 0
     assert not [r for r in caplog.records if getattr(r, "decision", None) == "lost_writes"]
     assert [r for r in caplog.records if "reconnected to the database" in r.getMessage()]
