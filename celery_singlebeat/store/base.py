@@ -290,16 +290,17 @@ class Store(ABC):
     interruptions: int = 0
 
     def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
-        """Write again that ``owner`` sent ``sent``; return those the database
-        had lost.
+        """Write again that ``owner`` sent ``sent``; return those written.
 
         For each claim: a missing row is inserted as sent by ``owner`` at the
         claim's fence; a row of ``owner`` at that fence still claimed (its
         confirm lost) is marked sent. Any other row is left alone: another
-        replica holds the slot, or it is sent already. Idempotent. Those
-        returned are the writes a failover to a lagging standby lost; an empty
-        answer means nothing was lost. A store that cannot lose committed
-        writes returns ``[]`` (the default).
+        replica holds the slot, or it is sent already. Idempotent. Of those
+        returned, a claim whose confirm the database had acknowledged is a
+        write it lost (a failover to a lagging standby); one whose confirm
+        the break cut off is that confirm's retry: the caller tells them
+        apart. An empty answer means nothing needed writing. A store that
+        cannot lose committed writes returns ``[]`` (the default).
         """
         return []
 
