@@ -139,25 +139,53 @@ class Failover:
         return self.moved_at - self.cut_at
 
 
-class FailoverPair:
-    """A primary, its standby, the link between them and the movable address
-    clients use (see the module's docstring). :meth:`close` stops and removes
-    everything; it also runs at interpreter exit, so nothing is left behind
-    when the caller fails."""
+class ReplicatedPair:
+    """What a primary with a standby of its own shares across databases
+    (:class:`FailoverPair` here, ``failover_mariadb.MariaDBPair``): its mode,
+    the standby's lag, the link between them and the movable address clients
+    use. :meth:`close` stops and removes everything; it also runs at
+    interpreter exit, so nothing is left behind when the caller fails."""
+
+    #: the modes the subclass knows
+    MODES: tuple[str, ...] = ()
 
     def __init__(self, mode: str, lag: float) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, not {mode!r}")
         self.mode = mode
         self.lag = lag
-        self.primary: Node | None = None
-        self.standby: Node | None = None
         self.link: TcpProxy | None = None
         self.address: TcpProxy | None = None
-        self.failovers: list[Failover] = []
-        self._nodes = 0
         self._closed = False
         atexit.register(self.close)
+
+    def close(self) -> None:
+        """Close both proxies, then stop the servers and remove their data;
+        idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for proxy in (self.address, self.link):
+            if proxy is not None:
+                proxy.close()
+        self._close_servers()
+
+    def _close_servers(self) -> None:
+        raise NotImplementedError
+
+
+class FailoverPair(ReplicatedPair):
+    """A PostgreSQL primary, its standby, the link between them and the
+    movable address clients use (see the module's docstring)."""
+
+    MODES = MODES
+
+    def __init__(self, mode: str, lag: float) -> None:
+        super().__init__(mode, lag)
+        self.primary: Node | None = None
+        self.standby: Node | None = None
+        self.failovers: list[Failover] = []
+        self._nodes = 0
 
     @property
     def url(self) -> str:
@@ -255,14 +283,7 @@ class FailoverPair:
         self.failovers.append(record)
         return record
 
-    def close(self) -> None:
-        """Stop both servers and both proxies, remove the data; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for proxy in (self.address, self.link):
-            if proxy is not None:
-                proxy.close()
+    def _close_servers(self) -> None:
         for node in (self.standby, self.primary):
             if node is not None:
                 node.close(keep=False)

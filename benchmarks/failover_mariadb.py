@@ -55,7 +55,6 @@ replica of the new primary (the old primary's data is thrown away).
 
 from __future__ import annotations
 
-import atexit
 import re
 import shutil
 import signal
@@ -73,7 +72,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # failover.py puts the acceptance harness on sys.path
-from failover import Failover  # noqa: E402
+from failover import Failover, ReplicatedPair  # noqa: E402
 from harness import TcpProxy, free_port, wait_for  # noqa: E402
 
 MODES = ("async", "semisync")
@@ -367,26 +366,19 @@ class MariaDBFailover(Failover):
     semisync_no_tx: int
 
 
-class MariaDBPair:
-    """A primary, its replica, the link between them and the movable address
-    clients use (see the module's docstring). :meth:`close` stops and removes
-    everything; it also runs at interpreter exit, so no server is left
-    running when the caller fails."""
+class MariaDBPair(ReplicatedPair):
+    """A MariaDB primary, its replica, the link between them and the movable
+    address clients use (see the module's docstring)."""
+
+    MODES = MODES
 
     def __init__(self, mode: str, lag: float) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        self.mode = mode
-        self.lag = lag
+        super().__init__(mode, lag)
         self.primary: Node | None = None
         self.standby: Node | None = None
-        self.link: TcpProxy | None = None
-        self.address: TcpProxy | None = None
         self.failovers: list[MariaDBFailover] = []
         self._sampler: _Sampler | None = None
         self._nodes: list[Node] = []
-        self._closed = False
-        atexit.register(self.close)
 
     @property
     def url(self) -> str:
@@ -554,16 +546,9 @@ class MariaDBPair:
         self.failovers.append(record)
         return record
 
-    def close(self) -> None:
-        """Stop both servers and both proxies, remove the data; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close_servers(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
-        for proxy in (self.address, self.link):
-            if proxy is not None:
-                proxy.close()
         for node in self._nodes:
             node.close()
 
