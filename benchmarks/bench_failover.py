@@ -87,6 +87,8 @@ from failover_mariadb import MODES as MARIADB_MODES  # noqa: E402
 from failover_mariadb import MariaDBPair  # noqa: E402
 from harness import (  # noqa: E402
     DROPPED_LINE,
+    LOST_RUNS_LINE,
+    LOST_SLOTS_LINE,
     SENT_LINE,
     BeatGroup,
     BeatProcess,
@@ -115,10 +117,6 @@ RECOVERED_AFTER_S = 2.0
 DATABASES: dict[str, tuple[str, ...]] = {"postgresql": MODES, "mariadb": MARIADB_MODES}
 #: a Celery log line's time ("[2026-12-03 08:36:50,123: ERROR/MainProcess] ...")
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): (\w+)/", re.M)
-#: what a replica / the worker logs when it found, after a broken connection,
-#: that the database lacked what it had written lately, and wrote it again
-BEAT_AGAIN = re.compile(r"singlebeat: the database lost (\d+) of the slots replica")
-WORKER_AGAIN = re.compile(r"singlebeat: the database lost (\d+) of the run rows worker")
 
 
 @dataclass
@@ -501,13 +499,13 @@ class Run:
         out: list[tuple[float, str, int]] = []
         for text in logs.values():
             for line in text.splitlines():
-                for pattern, who in ((BEAT_AGAIN, "beats"), (WORKER_AGAIN, "worker")):
+                for pattern, who in ((LOST_SLOTS_LINE, "beats"), (LOST_RUNS_LINE, "worker")):
                     found = pattern.search(line)
                     stamp = LOG_TIME.match(line)
                     if found and stamp:
                         # Celery logs local time, as time.time() compared with it
                         at = datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                        out.append((at, who, int(found[1])))
+                        out.append((at, who, int(found["n"])))
         return out
 
     @staticmethod

@@ -101,6 +101,8 @@ from failover import MODES as FAILOVER_MODES  # noqa: E402
 from failover import FailoverPair  # noqa: E402
 from harness import (  # noqa: E402
     DROPPED_LINE,
+    LOST_RUNS_LINE,
+    LOST_SLOTS_LINE,
     SENT_LINE,
     BeatGroup,
     BeatProcess,
@@ -169,9 +171,6 @@ SENT_AT = re.compile(
     r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): INFO/MainProcess\] " + SENT_LINE.pattern, re.M
 )
 STOPPING_LINE = re.compile(r"SB-STOPPING (?P<entry>\S+) (?P<task_id>[0-9a-f-]{36})")
-#: what a replica and a worker log when a failover lost writes they had seen
-#: committed, and they wrote them again (scheduler.py, singleton/writeback.py)
-LOST_SLOTS_LINE = re.compile(r"the database lost (?P<n>\d+) of the slots replica")
 #: a replica's hold after a broken connection, as it logs it (the INFO line when
 #: nothing was lost, the ERROR line when something was): its start on the
 #: replica's clock and how long its fallback proposals wait
@@ -181,7 +180,6 @@ HOLD_AT = re.compile(
     r"lost .*?fallback proposals and sweeps wait) (?P<s>[\d.]+)s",
     re.M,
 )
-LOST_RUNS_LINE = re.compile(r"the database lost (?P<n>\d+) of the run rows worker")
 #: a slot is counted against a failover when its instant is this close to it:
 #: the replicas' failover window (singlebeat_failover_window, 10 s) before the
 #: cut, until the write-back hold after the address moved has passed

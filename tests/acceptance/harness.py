@@ -1172,6 +1172,10 @@ DROPPED_LINE = re.compile(
     r"singlebeat: (?P<name>\S+)\[(?P<id>[0-9a-f-]{36})\]: slot \S+ already (?P<status>\w+) "
     r"\(by \S+\): dropping this repeated delivery"
 )
+#: what a replica and a worker log when a failover lost writes they had seen
+#: committed, and they wrote them again (scheduler.py, singleton/writeback.py)
+LOST_SLOTS_LINE = re.compile(r"the database lost (?P<n>\d+) of the slots replica")
+LOST_RUNS_LINE = re.compile(r"the database lost (?P<n>\d+) of the run rows worker")
 
 
 def log_ids(workers: Iterable[BeatProcess], pattern: re.Pattern[str]) -> list[str]:
