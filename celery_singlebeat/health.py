@@ -33,6 +33,7 @@ import os
 import time
 
 from .exceptions import ConfigurationError
+from .membership import live_within_us
 from .telemetry import Telemetry
 
 # The default bounds, from the loop's worst honest case (scheduler.py and the
@@ -45,10 +46,6 @@ CONNECT_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 15.0
 #: the publish deadline: this share of the lease after the claim was sent
 PUBLISH_SHARE = 0.8
-#: a replica counts as live to the others within this many heartbeats (sweeps),
-#: plus the slack (store.base.LIVE_HEARTBEATS, LIVE_SLACK_US)
-LIVE_HEARTBEATS = 3
-LIVE_SLACK_S = 2.0
 #: the status file is rewritten at most this often (and at once on a change of
 #: outage or schema state), so it costs nothing at 10,000 slots a second
 WRITE_EVERY_S = 1.0
@@ -80,8 +77,9 @@ def default_readiness_timeout_s(lease_s: float) -> float:
     """Three heartbeat periods plus 2 s (``lease + 2 s`` for leases of 1.5 s
     and more; 17 s by default): a replica with nothing due still talks to
     the database at every sweep, and this is the rule by which the other
-    replicas count it live, so readiness and the fleet's view agree."""
-    return LIVE_HEARTBEATS * sweep_period_s(lease_s) + LIVE_SLACK_S
+    replicas count it live (:func:`.membership.live_within_us`), so readiness,
+    sharing and the fleet's view agree."""
+    return live_within_us(round(sweep_period_s(lease_s) * 1_000_000)) / 1_000_000
 
 
 class Status:

@@ -42,6 +42,10 @@ from typing import NamedTuple
 
 from ..clock import DatabaseClock
 
+# the rule of a live replica (re-exported: this module named its constants first)
+from ..membership import LIVE_HEARTBEATS as LIVE_HEARTBEATS
+from ..membership import LIVE_SLACK_US as LIVE_SLACK_US
+
 #: How far ahead of the database's clock a slot may be claimed. Replicas
 #: estimate that clock to within half a round trip; this absorbs the estimate's
 #: error while refusing a replica whose clock stepped forward.
@@ -137,11 +141,6 @@ class Pause(NamedTuple):
 
 #: the ``entry`` of a pause of every entry
 PAUSE_ALL = "*"
-
-#: a replica is live while its row is not stopped and was seen within this
-#: many heartbeat periods (plus LIVE_SLACK_US: a sweep can run late by a tick)
-LIVE_HEARTBEATS = 3
-LIVE_SLACK_US = 2_000_000
 
 #: the meta row whose value every control change raises by one
 CONTROLS_KEY = "controls"
@@ -341,10 +340,10 @@ class Store(ABC):
     def recent_owners(self, window_us: int) -> list[str]:
         """Replicas holding a slot row whose instant is less than ``window_us`` old.
 
-        The replicas that won a slot lately: the scheduler shares the entries
-        out among them (and itself). Only a hint for sharing the work, never for
-        deciding who sends a slot. A store that cannot tell returns ``[]``
-        (every replica then proposes every slot at once, as before).
+        The replicas that won a slot lately. Sharing no longer reads it (it
+        shares among the live replicas of :meth:`heartbeat`: a replica with
+        nothing due lately is still live); kept for callers of earlier
+        releases. A store that cannot tell returns ``[]``.
         """
         return []
 
@@ -361,18 +360,29 @@ class Store(ABC):
     #: counted them (None: not counted; a sweep then always tries a takeover)
     open_claims: int | None = None
 
-    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
-        """Record ``info`` in the replica's row and return :meth:`recent_owners`.
+    def heartbeat(self, info: ReplicaInfo) -> list[str]:
+        """Record ``info`` in the replica's row and return the live replicas.
 
         Upserts the row with ``seen_us`` = the database's now and clears its
-        ``stopped_us``; reads the control version into :attr:`controls_version`.
-        One round trip where the store can (PostgreSQL): the scheduler sends it
-        in place of its periodic :meth:`recent_owners`.
+        ``stopped_us``; reads the control version into :attr:`controls_version`
+        and the claimed-but-unsent rows into :attr:`open_claims`. Returns the
+        ids, sorted, of the replica rows that are live by
+        :func:`~celery_singlebeat.membership.replica_live` at the database's
+        now of this call, ``info.id`` always among them (its row was just
+        written: live by definition, whether or not the statement's read sees
+        its own write). One round trip where the store can (PostgreSQL,
+        SQLite). The scheduler shares its entries among these replicas.
+        A store without replica rows returns ``[]`` (every replica then
+        proposes every slot at once, as without sharing).
         """
-        return self.recent_owners(window_us)
+        return []
 
     def stopped(self, replica_id: str) -> None:  # noqa: B027 - optional hook
-        """Mark the replica's row as gone (a graceful stop): ``stopped_us`` = now."""
+        """Mark the replica's row as gone (a graceful stop): ``stopped_us`` = now.
+
+        From this commit on, the row is no longer live (:meth:`heartbeat`
+        leaves it out), so the other replicas take over its share of the
+        entries at their next heartbeat, not after its row ages."""
 
     def publish_catalog(  # noqa: B027 - optional hook
         self, replica_id: str, entries: Sequence[CatalogEntry]

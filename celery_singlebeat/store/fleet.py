@@ -34,7 +34,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.elements import TextClause
 
 from ..exceptions import ControlError, SchemaError
-from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
+from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US, replica_live
+from .base import PAUSE_ALL, Pause, controls_channel
 from .fleet_statements import FleetDialect, fleet_dialect_for, status_entries
 from .schema import MAX_ENTRY_NAME
 from .sql import MAX_ATTEMPTS, SqlStore, _describe
@@ -957,7 +958,7 @@ def _replica(row: Sequence[Any], now_us: int) -> ReplicaStatus:
     cat, lost_writes = row[12], int(row[13] or 0)
     if stopped is not None:
         state = STOPPED
-    elif int(seen) >= now_us - LIVE_HEARTBEATS * int(beat) - LIVE_SLACK_US:
+    elif replica_live(int(seen), int(beat), None, now_us):
         state = LIVE
     else:
         state = LOST
