@@ -6,9 +6,10 @@ positional deal of releases up to 0.x (entries sorted by a hash of their name,
 dealt round robin over the sorted live replicas; reproduced below as the
 baseline) against the rendezvous hashing that replaced it:
 
-* balance: the largest share at 1,000 entries over 3 and 10 replicas, against
-  the ideal 1/k (one replica set, and the mean and worst over many sets of
-  replica ids: rendezvous spreads binomially, so its share depends on the ids);
+* balance: the largest share at 1,000 (and 100,000) entries over 3 and 10
+  replicas, against the ideal 1/k (one replica set, and the mean and worst over
+  many sets of replica ids: rendezvous spreads binomially, so its share depends
+  on the ids);
 * moves: how many entries change first replica when one entry is added, one
   removed, one replica added, one removed (mean over many random picks);
 * cost: one deal of 100,000 entries over 3 and 10 replicas, with the entries'
@@ -192,8 +193,9 @@ def render(results: dict[str, Any]) -> str:
                 for b in results["balance"]
             ],
         )
-        + f"\n(mean and worst over {results['sets']} sets of replica ids; before is always "
-        "the ceiling of entries / replicas)",
+        + f"\n(mean and worst over {results['sets']} sets of replica ids at 1,000 entries, "
+        f"{max(2, results['sets'] // 20)} at 100,000; before is always the ceiling of "
+        "entries / replicas)",
         "",
         table(
             "Moves: entries whose first replica changes (mean; the added or removed entry "
@@ -253,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "buckets": sharing.BUCKETS,
     }
     results["balance"] = [balance(k, 1000, sets) for k in (3, 10)]
+    # many entries: the spread of the buckets (65,536), not of the entries, shows
+    results["balance"] += [balance(k, 100_000, max(2, sets // 20)) for k in (3, 10)]
     results["moves"] = [moves(k, 1000, picks) for k in (3, 10)]
     results["cost"] = [cost(k, 100_000, repeat) for k in (3, 10)]
     results["load_end"] = round(os.getloadavg()[0], 2)
