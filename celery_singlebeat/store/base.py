@@ -372,8 +372,9 @@ class Store(ABC):
         written: live by definition, whether or not the statement's read sees
         its own write). One round trip where the store can (PostgreSQL,
         SQLite). The scheduler shares its entries among these replicas.
-        A store without replica rows returns ``[]`` (every replica then
-        proposes every slot at once, as without sharing).
+        This default keeps no replica rows and returns ``[]``: each replica
+        then counts itself alone and proposes every slot at once, as without
+        sharing (still each slot once).
         """
         return []
 
