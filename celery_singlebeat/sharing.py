@@ -80,7 +80,7 @@ def weights(replica: str, tag: int = 0, tag_bytes: int = 0) -> array[int]:
     of output), independent of every other replica's, the same on every host.
 
     With ``tag_bytes``, the low bytes of each weight are replaced by ``tag``
-    (see :func:`deal`), still in C: a slice assignment per byte."""
+    (see :func:`bucket_owners`), still in C: a slice assignment per byte."""
     stream = bytearray(hashlib.shake_128(replica.encode()).digest(BUCKETS * _WORD))
     for i in range(tag_bytes):
         stream[_WORD - 1 - i :: _WORD] = bytes(((tag >> (8 * i)) & 0xFF,)) * BUCKETS
