@@ -339,15 +339,16 @@ def _observing(conf: Mapping[str, Any], lease: timedelta, max_loop: timedelta) -
         liveness = timedelta(seconds=health.default_liveness_timeout_s(lease_s))
     else:
         liveness = _duration("singlebeat_liveness_timeout", raw_live)
-        # In an outage the loop sleeps up to the backoff between ticks, and when
-        # idle up to the loop interval: a shorter bound would fail (and restart)
-        # every replica in any database outage, which liveness must never do.
-        floor = max(max_loop.total_seconds(), health.OUTAGE_BACKOFF_MAX_S)
+        # In an outage a tick can wait out a connect timeout, then sleep the
+        # backoff, and when idle the loop sleeps up to its interval: a shorter
+        # bound would fail (and restart) every replica in a database outage,
+        # which liveness must never do.
+        floor = max(max_loop.total_seconds(), health.LIVENESS_FLOOR_S)
         if liveness.total_seconds() <= floor:
             raise ConfigurationError(
                 f"singlebeat_liveness_timeout ({liveness.total_seconds():g}s) must be longer "
                 f"than {floor:g}s: the loop sleeps that long between ticks in a database "
-                "outage (backoff up to 10s) or when idle (beat_max_loop_interval), and an "
+                "outage (a connect timeout, then the backoff) or when idle (beat_max_loop_interval), and an "
                 "outage must not fail liveness"
             )
     raw_ready = read_setting(conf, "singlebeat_readiness_timeout")

@@ -38,9 +38,13 @@ from .telemetry import Telemetry
 # The default bounds, from the loop's worst honest case (scheduler.py and the
 # store's driver defaults; a unit test checks these copies against the originals).
 #: the longest sleep of a replica in an outage (scheduler.BACKOFF_MAX)
-OUTAGE_BACKOFF_MAX_S = 10.0
+OUTAGE_BACKOFF_MAX_S = 1.5
 #: a new connection's connect timeout (PostgreSQL, MySQL defaults)
 CONNECT_TIMEOUT_S = 5.0
+#: the shortest liveness timeout accepted: an outage tick can wait out a connect
+#: timeout on a silent network and then sleep the backoff (5 + 1.5 s); the rest
+#: is margin for a starved CPU, so that no outage ever fails liveness
+LIVENESS_FLOOR_S = 10.0
 #: how long a statement waits for its answer (psycopg 3.3+, MySQL read timeout)
 ANSWER_TIMEOUT_S = 15.0
 #: the publish deadline: this share of the lease after the claim was sent
@@ -66,13 +70,13 @@ def default_liveness_timeout_s(lease_s: float) -> float:
     """``max(60 s, 2 * lease + 30 s)``.
 
     The longest a healthy loop goes between two ends of ticks: the sleep
-    before the tick (at most the outage backoff, 10 s, which exceeds the 5 s
-    default loop interval), a statement meeting a silent network (connect 5 s,
+    before the tick (at most the 5 s default loop interval, which exceeds the
+    1.5 s outage backoff), a statement meeting a silent network (connect 5 s,
     then at most 15 s for the answer) and one publish batch (0.8 * lease, 12 s
-    by default): 10 + 20 + 12 = 42 s with the default lease. 60 s leaves a
-    third for a few ordinary statements, a GC pause and a starved CPU; a longer
-    lease lengthens the batch, so the bound grows with it (2 * lease + 30 s
-    always covers 10 + 20 + 0.8 * lease with room to spare)."""
+    by default): 5 + 20 + 12 = 37 s with the default lease. 60 s leaves more
+    than a third for a few ordinary statements, a GC pause and a starved CPU; a
+    longer lease lengthens the batch, so the bound grows with it (2 * lease +
+    30 s always covers 10 + 20 + 0.8 * lease with room to spare)."""
     return max(60.0, 2 * lease_s + 30)
 
 

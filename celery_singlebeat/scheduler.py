@@ -85,9 +85,13 @@ PRUNE_EVERY_US = 60 * US
 #: how often one replica prunes the rows of replicas gone, at most (seconds)
 FLEET_PRUNE_EVERY_S = 600.0
 
-#: outage retry delays, in seconds.
+#: outage retry delays, in seconds: the first, doubling up to the cap. A failed
+#: attempt costs a refused connection, so a short cap is cheap; it bounds how
+#: long after the database is back the fleet resumes (a 10 s cap resumed 4.6 to
+#: 8.2 s after 30 s outages in the chaos run, and the missed-run policy dropped
+#: what fell due meanwhile).
 BACKOFF_FIRST = 0.5
-BACKOFF_MAX = 10.0
+BACKOFF_MAX = 1.5
 
 #: up to this many seconds added to each sleep. Replicas wake for a slot at the
 #: instant their estimate of the database clock reaches it, so without jitter the
@@ -1378,7 +1382,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             )
         else:
             logger.debug("singlebeat: database still unreachable: %s", exc)
-        delay = self._backoff
+        # "Equal jitter": between half the step and the step. Replicas cut off
+        # together (a restart, a failover) would otherwise retry in lockstep, each
+        # wave hitting a server that is still starting at the same instant.
+        delay = random.uniform(self._backoff / 2, self._backoff)
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         return delay
 
