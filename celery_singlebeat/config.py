@@ -347,9 +347,9 @@ def _observing(conf: Mapping[str, Any], lease: timedelta, max_loop: timedelta) -
         if liveness.total_seconds() <= floor:
             raise ConfigurationError(
                 f"singlebeat_liveness_timeout ({liveness.total_seconds():g}s) must be longer "
-                f"than {floor:g}s: the loop sleeps that long between ticks in a database "
-                "outage (a connect timeout, then the backoff) or when idle (beat_max_loop_interval), and an "
-                "outage must not fail liveness"
+                f"than {floor:g}s: a tick in a database outage can take that long (a "
+                "connect timeout, then the backoff), an idle loop sleeps its "
+                "beat_max_loop_interval, and an outage must not fail liveness"
             )
     raw_ready = read_setting(conf, "singlebeat_readiness_timeout")
     sweep = health.sweep_period_s(lease_s)
