@@ -69,7 +69,16 @@ from .slots import (
     slot_task_id,
 )
 from .stopping import stop_deferred
-from .store.base import EARLY_TOLERANCE_US, PAUSE_ALL, Claim, Pause, ReplicaInfo, SlotKey, Store
+from .store.base import (
+    EARLY_TOLERANCE_US,
+    PAUSE_ALL,
+    CatalogEntry,
+    Claim,
+    Pause,
+    ReplicaInfo,
+    SlotKey,
+    Store,
+)
 from .store.schema import MAX_ENTRY_NAME
 from .telemetry import NOTHING, Telemetry, check_for_scheduler, for_scheduler
 
@@ -225,7 +234,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._started_us: int | None = None
         self._first_count = 0
         #: the catalog this replica published, and when (monotonic)
-        self._catalog_at: float | None = None
+        self._catalog: list[CatalogEntry] | None = None
         #: the control version last acted on, and the pauses it read then
         self._controls_seen: int | None = None
         self._pauses: dict[str, Pause] = {}
@@ -666,21 +675,17 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     # -- controls (pause, resume, run now) ---------------------------------------
 
     def _publish_catalog(self) -> None:
-        """Tell the store which entries this replica has (once per process, and
-        again after an outage long enough for the rows to have been pruned)."""
+        """Tell the store which entries this replica has: when it connects, and
+        again after every broken connection (:meth:`_after_interruption`)."""
         store = self._store
         assert store is not None
-        stale = self.settings.retention.total_seconds()
-        if self._catalog_at is not None and time.monotonic() - self._catalog_at < stale:
-            return
-        store.publish_catalog(
-            self.settings.replica_id,
-            [
+        if self._catalog is None:
+            # described once: at 100,000 entries that is a second of CPU
+            self._catalog = [
                 catalog.describe(name, entry.task, entry.schedule, self._tz_of(entry))
                 for name, entry in self.schedule.items()
-            ],
-        )
-        self._catalog_at = time.monotonic()
+            ]
+        store.publish_catalog(self.settings.replica_id, self._catalog)
 
     def _read_controls(self) -> None:
         """Read the pauses in force; remember the control version they go with."""
@@ -1071,6 +1076,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             # the first connection: nothing sent yet, nobody to wait for
             self._interruptions_seen = seen
             return
+        # What the others need of this replica may be gone: its replica row and
+        # its catalog are pruned once it is unseen for the retention (a cut
+        # longer than that), and a promoted standby may lack them. While no live
+        # replica's catalog lists an entry, run-now and pause of it are refused.
+        # Both are written again first; idempotent, and a break is rare.
+        self._publish_catalog()
+        self._read_live(time.monotonic(), sweeping=False)
         confirmed = self._journal.recent()
         sent = confirmed + self._unconfirmed
         written = store.reassert(self.settings.replica_id, sent) if sent else []

@@ -977,6 +977,33 @@ def test_an_outage_sends_nothing_logs_once_backs_off_and_applies_the_missed_poli
     assert errors() == 2 and replica.stats["outages"] == 2
 
 
+def test_a_replica_back_from_a_cut_longer_than_the_retention_writes_its_rows_again(
+    harness_for: Callable[..., Harness],
+) -> None:
+    """Its replica row and catalog, pruned by the others while it was away, are
+    written again on its first tick back: run-now and pause of its entries are
+    refused while no live replica's catalog lists them."""
+    harness = harness_for({"job": every(1)})
+    replica = harness.replica()
+    replica.tick()
+    rid = replica.settings.replica_id
+    assert set(harness.store.catalog_of(rid)) == {"job"}
+    assert rid in harness.store.replica_rows()
+
+    harness.store.available = False
+    harness.clock.advance(10 * SECOND)
+    replica.tick()
+    harness.store.available = True
+    # the others' prune, with a retention shorter than the cut
+    assert harness.store.prune_fleet(5 * US) == 2  # its row and its one catalog row
+    assert harness.store.catalog_of(rid) == {} and rid not in harness.store.replica_rows()
+
+    harness.clock.advance(SECOND)
+    replica.tick()
+    assert set(harness.store.catalog_of(rid)) == {"job"}
+    assert harness.store.replica_rows()[rid]["seen_us"] == harness.clock()  # now
+
+
 # -- construction ----------------------------------------------------------------
 
 
