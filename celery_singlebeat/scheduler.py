@@ -48,6 +48,7 @@ from .exceptions import (
     StoreUnavailable,
 )
 from .failover import SentJournal, hold_seconds
+from .fatal import stop_beat
 from .publishing import PublishGroup, skip_declared
 from .sharing import (
     FALLBACK_BATCH,
@@ -177,7 +178,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         try:
             self._build(app, *args, lazy=lazy, **kwargs)
         except ConfigurationError as exc:
-            stop_worker(exc)  # under celery worker -B only (embedded.py)
+            stop_beat(exc)  # one line, not Celery's traceback (fatal.py)
             raise
 
     def _build(self, app: Any, *args: Any, lazy: bool, **kwargs: Any) -> None:
