@@ -48,6 +48,7 @@ from .exceptions import (
     StoreUnavailable,
 )
 from .failover import SentJournal, hold_seconds
+from .observers import check_for_scheduler, for_scheduler
 from .publishing import PublishGroup, skip_declared
 from .sharing import (
     FALLBACK_BATCH,
@@ -71,7 +72,8 @@ from .slots import (
 from .stopping import stop_deferred
 from .store.base import EARLY_TOLERANCE_US, PAUSE_ALL, Claim, Pause, ReplicaInfo, SlotKey, Store
 from .store.schema import MAX_ENTRY_NAME
-from .telemetry import NOTHING, Telemetry, check_for_scheduler, for_scheduler
+from .telemetry import NOTHING, Telemetry
+from .timing import OUTAGE_BACKOFF_MAX_S
 
 #: a child of "celery_singlebeat": configuring that logger still configures this one
 logger = logging.getLogger("celery_singlebeat.scheduler")
@@ -87,7 +89,7 @@ FLEET_PRUNE_EVERY_S = 600.0
 
 #: outage retry delays, in seconds.
 BACKOFF_FIRST = 0.5
-BACKOFF_MAX = 10.0
+BACKOFF_MAX = OUTAGE_BACKOFF_MAX_S
 
 #: up to this many seconds added to each sleep. Replicas wake for a slot at the
 #: instant their estimate of the database clock reaches it, so without jitter the

@@ -27,6 +27,7 @@ from sqlalchemy.sql.elements import TextClause
 from ..clock import DatabaseClock
 from ..exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from ..redact import Secrets
+from ..timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from .base import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
@@ -87,7 +88,7 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
             "pool_pre_ping": False,
             "pool_size": 2,
             "connect_args": {
-                "connect_timeout": 5,
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
                 # kernel gives up on unacknowledged data after 10 s (a cut network
                 # otherwise hangs a read for ~15 minutes)
                 "tcp_user_timeout": 10_000,
@@ -107,7 +108,11 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
             "pool_pre_ping": False,  # see above
             "pool_size": 2,
             "pool_recycle": 3600,
-            "connect_args": {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15},
+            "connect_args": {
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
+                "read_timeout": int(ANSWER_TIMEOUT_S),
+                "write_timeout": 15,
+            },
         }
     return {"connect_args": {"timeout": 15}}
 
