@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from celery_singlebeat.exceptions import StoreUnavailable
+from celery_singlebeat.exceptions import SchemaError, StoreUnavailable
 from celery_singlebeat.store import executor
 from celery_singlebeat.store.sql import SqlStore
 
@@ -123,3 +123,65 @@ def test_no_answer_is_an_outage_at_once_without_reconnecting(store: SqlStore) ->
     with pytest.raises(StoreUnavailable, match="no answer"):
         store.executor.run("claim", _work)
     assert taken == ["silent"]
+
+
+class _Conn:
+    """A connection that records the statements a transaction sends; the one
+    named by ``fail`` raises (a dead connection's error, or COMMIT's answer lost)."""
+
+    def __init__(self, fail: str | None, sent: list[str]) -> None:
+        self.fail = fail
+        self.sent = sent
+
+    def exec_driver_sql(self, statement: str) -> None:
+        self.sent.append(statement)
+        if statement == self.fail:
+            raise _dead_connection()
+
+
+def _transactions(store: SqlStore, fails: list[str | None]) -> list[str]:
+    """Each connection's transaction fails at the statement ``fails`` names
+    (BEGIN, WORK, COMMIT) or not at all; returns every statement sent."""
+    sent: list[str] = []
+    taken: list[int] = []
+
+    @contextmanager
+    def connect() -> Iterator[_Conn]:
+        fail = fails[len(taken)]
+        taken.append(1)
+        yield _Conn(fail, sent)
+
+    store.executor.connect = connect  # type: ignore[method-assign,assignment]
+    return sent
+
+
+def _control(conn: _Conn) -> str:
+    conn.exec_driver_sql("WORK")
+    return "done"
+
+
+def test_a_transaction_on_a_dead_connection_runs_again_whole(store: SqlStore) -> None:
+    # the session died before COMMIT: the server rolled it back, nothing was
+    # written, so the whole transaction runs again on a new connection
+    sent = _transactions(store, ["BEGIN", "WORK", None])
+    assert store.executor.run("pause", _control, begin="BEGIN") == "done"
+    assert sent == ["BEGIN", "BEGIN", "WORK", "ROLLBACK", "BEGIN", "WORK", "COMMIT"]
+    assert store.interruptions == 2
+
+
+def test_a_lost_commit_answer_is_never_run_again(store: SqlStore) -> None:
+    sent = _transactions(store, ["COMMIT", None])
+    with pytest.raises(StoreUnavailable, match="answer to COMMIT was lost"):
+        store.executor.run("pause", _control, begin="BEGIN")
+    assert sent == ["BEGIN", "WORK", "COMMIT"]
+
+
+def test_a_missing_table_says_to_create_the_schema(store: SqlStore) -> None:
+    # the fleet's reads and controls ask for this; the store's statements do not
+    def work(_conn: object) -> str:
+        raise DBAPIError("SELECT", {}, _Gone("no such table: singlebeat_slots"))
+
+    with pytest.raises(StoreUnavailable):
+        store.executor.run("status", work)
+    with pytest.raises(SchemaError, match="create-schema"):
+        store.executor.run("status", work, schema_errors=True)
