@@ -97,9 +97,12 @@ coverage-python:
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
+# ruff, then the architecture's import contracts ([tool.importlinter] in
+# pyproject.toml; CONTRIBUTING.md says what each forbids and why).
 lint: $(STAMP)
 	$(BIN)/ruff check celery_singlebeat tests benchmarks example_project docs .ci
 	$(BIN)/ruff format --check celery_singlebeat
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

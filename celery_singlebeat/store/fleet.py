@@ -342,7 +342,7 @@ class Fleet:
         Per entry: its task and schedule from the catalog (rows of live replicas
         first), how many live replicas have it, the next slot the fleet will
         send (rebuilt from the catalog's spec and the entry's anchor:
-        :func:`celery_singlebeat.catalog.sequence_of`), the first slot it should
+        :func:`celery_singlebeat.schedule_spec.sequence_of`), the first slot it should
         have sent and did not when there is one (``overdue_slot_us``), the
         latest slot claimed and the state of its row, the latest sent slot with
         its sender and delay, and the pause in force (its own or ``*``).
@@ -755,7 +755,7 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..catalog import sequence_of
+    from ..schedule_spec import sequence_of
     from ..slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}
