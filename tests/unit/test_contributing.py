@@ -66,6 +66,16 @@ def test_every_test_file_it_names_by_name_exists() -> None:
     assert not missing, f"CONTRIBUTING.md names test files that do not exist: {missing}"
 
 
+def test_the_algorithm_pages_map_names_modules_that_exist() -> None:
+    # docs/algorithm.md's last section maps its sections to modules
+    page = (ROOT / "docs" / "algorithm.md").read_text(encoding="utf-8")
+    section = page[page.index("## 12. Where each part lives") :]
+    named = {w for w in quoted(section) if w.endswith(".py")}
+    assert named, "no module found: the pattern no longer matches the page"
+    missing = [name for name in sorted(named) if not (PACKAGE / name).exists()]
+    assert not missing, f"docs/algorithm.md's map names modules that do not exist: {missing}"
+
+
 def test_every_make_target_it_names_exists() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, flags=re.M))
