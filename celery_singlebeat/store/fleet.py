@@ -236,8 +236,9 @@ class PruneReport(NamedTuple):
 class Fleet:
     """Operator reads and controls over a :class:`SqlStore`'s tables.
 
-    Uses the store's engine, table prefix and secrets: every driver error
-    becomes :class:`~celery_singlebeat.exceptions.StoreUnavailable` with the
+    Sends every statement through the store's :class:`~.executor.SqlExecutor`
+    (its connections, retries and secrets), as the store itself does: every
+    driver error becomes :class:`~celery_singlebeat.exceptions.StoreUnavailable` with the
     store's secrets scrubbed, and a missing table
     :class:`~celery_singlebeat.exceptions.SchemaError` saying to create the
     schema. Controls raise :class:`~celery_singlebeat.exceptions.ControlError`
