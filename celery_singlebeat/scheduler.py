@@ -49,6 +49,7 @@ from .exceptions import (
 )
 from .failover import SentJournal, hold_seconds
 from .fatal import stop_beat
+from .observers import check_for_scheduler, for_scheduler
 from .publishing import PublishGroup, skip_declared
 from .sharing import (
     FALLBACK_BATCH,
@@ -81,7 +82,8 @@ from .store.base import (
     Store,
 )
 from .store.schema import MAX_ENTRY_NAME
-from .telemetry import NOTHING, Telemetry, check_for_scheduler, for_scheduler
+from .telemetry import NOTHING, Telemetry
+from .timing import OUTAGE_BACKOFF_MAX_S
 
 #: a child of "celery_singlebeat": configuring that logger still configures this one
 logger = logging.getLogger("celery_singlebeat.scheduler")
@@ -101,7 +103,7 @@ FLEET_PRUNE_EVERY_S = 600.0
 #: 8.2 s after 30 s outages in the chaos run, and the missed-run policy dropped
 #: what fell due meanwhile).
 BACKOFF_FIRST = 0.5
-BACKOFF_MAX = 1.5
+BACKOFF_MAX = OUTAGE_BACKOFF_MAX_S
 
 #: up to this many seconds added to each sleep. Replicas wake for a slot at the
 #: instant their estimate of the database clock reaches it, so without jitter the

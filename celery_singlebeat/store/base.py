@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import NamedTuple
 
+from .. import timing
 from ..clock import DatabaseClock
 
 #: How far ahead of the database's clock a slot may be claimed. Replicas
@@ -138,10 +139,11 @@ class Pause(NamedTuple):
 #: the ``entry`` of a pause of every entry
 PAUSE_ALL = "*"
 
-#: a replica is live while its row is not stopped and was seen within this
-#: many heartbeat periods (plus LIVE_SLACK_US: a sweep can run late by a tick)
-LIVE_HEARTBEATS = 3
-LIVE_SLACK_US = 2_000_000
+#: a replica is live while its row is not stopped and was seen within
+#: LIVE_HEARTBEATS heartbeat periods plus LIVE_SLACK_US (timing.py, which the
+#: health probes' readiness bound shares)
+LIVE_HEARTBEATS = timing.LIVE_HEARTBEATS
+LIVE_SLACK_US = timing.LIVE_SLACK_US
 
 #: the meta row whose value every control change raises by one
 CONTROLS_KEY = "controls"
