@@ -39,6 +39,7 @@ SDIST_REQUIRED = [
     "MANIFEST.in",
     "README.md",
     "CHANGELOG.md",
+    "CONTRIBUTING.md",
     "LICENSE",
     "Makefile",
     "docs/index.md",

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from . import redact
+from . import redact, timing
 from .exceptions import ConfigurationError
 from .slots import MISSED_MODES, MissedPolicy
 
@@ -310,9 +310,7 @@ def _flag(conf: Mapping[str, Any], name: str) -> bool:
 
 def _observing(conf: Mapping[str, Any], lease: timedelta, max_loop: timedelta) -> dict[str, Any]:
     """The health and metrics settings (docs/configuration.md says why each
-    default is what it is; health.py derives the bounds)."""
-    from . import health
-
+    default is what it is; timing.py derives the bounds)."""
     port = read_setting(conf, "singlebeat_http_port")
     if port is not None and (
         not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535
@@ -336,24 +334,25 @@ def _observing(conf: Mapping[str, Any], lease: timedelta, max_loop: timedelta) -
     lease_s = lease.total_seconds()
     raw_live = read_setting(conf, "singlebeat_liveness_timeout")
     if raw_live is None:
-        liveness = timedelta(seconds=health.default_liveness_timeout_s(lease_s))
+        liveness = timedelta(seconds=timing.default_liveness_timeout_s(lease_s))
     else:
         liveness = _duration("singlebeat_liveness_timeout", raw_live)
-        # In an outage the loop sleeps up to the backoff between ticks, and when
-        # idle up to the loop interval: a shorter bound would fail (and restart)
-        # every replica in any database outage, which liveness must never do.
-        floor = max(max_loop.total_seconds(), health.OUTAGE_BACKOFF_MAX_S)
+        # In an outage a tick can wait out a connect timeout, then sleep the
+        # backoff, and when idle the loop sleeps up to its interval: a shorter
+        # bound would fail (and restart) every replica in a database outage,
+        # which liveness must never do.
+        floor = max(max_loop.total_seconds(), timing.LIVENESS_FLOOR_S)
         if liveness.total_seconds() <= floor:
             raise ConfigurationError(
                 f"singlebeat_liveness_timeout ({liveness.total_seconds():g}s) must be longer "
-                f"than {floor:g}s: the loop sleeps that long between ticks in a database "
-                "outage (backoff up to 10s) or when idle (beat_max_loop_interval), and an "
-                "outage must not fail liveness"
+                f"than {floor:g}s: a tick in a database outage can take that long (a "
+                "connect timeout, then the backoff), an idle loop sleeps its "
+                "beat_max_loop_interval, and an outage must not fail liveness"
             )
     raw_ready = read_setting(conf, "singlebeat_readiness_timeout")
-    sweep = health.sweep_period_s(lease_s)
+    sweep = timing.sweep_period_s(lease_s)
     if raw_ready is None:
-        readiness = timedelta(seconds=health.default_readiness_timeout_s(lease_s))
+        readiness = timedelta(seconds=timing.default_readiness_timeout_s(lease_s))
     else:
         readiness = _duration("singlebeat_readiness_timeout", raw_ready)
         if readiness.total_seconds() <= sweep:

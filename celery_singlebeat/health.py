@@ -23,7 +23,7 @@ every process of the host, so the probe process reads the beat's instants as
 they were meant; a wall-clock step changes nothing).
 
 This module imports the standard library's ``os`` and ``time`` only (plus the
-package's stdlib-only ``telemetry`` and ``exceptions``): a kubelet runs the exec
+package's stdlib-only ``telemetry``, ``timing`` and ``exceptions``): a kubelet runs the exec
 probe every few seconds in every pod, and its budget is a few tens of ms of CPU.
 """
 
@@ -33,53 +33,28 @@ import os
 import time
 
 from .exceptions import ConfigurationError
-from .membership import live_within_us
 from .telemetry import Telemetry
 
-# The default bounds, from the loop's worst honest case (scheduler.py and the
-# store's driver defaults; a unit test checks these copies against the originals).
-#: the longest sleep of a replica in an outage (scheduler.BACKOFF_MAX)
-OUTAGE_BACKOFF_MAX_S = 10.0
-#: a new connection's connect timeout (PostgreSQL, MySQL defaults)
-CONNECT_TIMEOUT_S = 5.0
-#: how long a statement waits for its answer (psycopg 3.3+, MySQL read timeout)
-ANSWER_TIMEOUT_S = 15.0
-#: the publish deadline: this share of the lease after the claim was sent
-PUBLISH_SHARE = 0.8
+# The default bounds derive from the loop's worst honest case; they live in
+# timing.py, the leaf the configuration, the scheduler and the store share,
+# and stay importable from here, where docs/reference/api.md documents them.
+from .timing import (
+    ANSWER_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    LIVE_HEARTBEATS,
+    LIVE_SLACK_S,
+    OUTAGE_BACKOFF_MAX_S,
+    PUBLISH_SHARE,
+    default_liveness_timeout_s,
+    default_readiness_timeout_s,
+    sweep_period_s,
+)
+
 #: the status file is rewritten at most this often (and at once on a change of
 #: outage or schema state), so it costs nothing at 10,000 slots a second
 WRITE_EVERY_S = 1.0
 #: what a status file starts with: its format and version
 MAGIC = "celery-singlebeat-status 1"
-
-
-def sweep_period_s(lease_s: float) -> float:
-    """How often a replica sweeps and heartbeats: a third of the lease, at
-    least 0.5 s (scheduler.py's ``_sweep_every``)."""
-    return max(0.5, lease_s / 3)
-
-
-def default_liveness_timeout_s(lease_s: float) -> float:
-    """``max(60 s, 2 * lease + 30 s)``.
-
-    The longest a healthy loop goes between two ends of ticks: the sleep
-    before the tick (at most the outage backoff, 10 s, which exceeds the 5 s
-    default loop interval), a statement meeting a silent network (connect 5 s,
-    then at most 15 s for the answer) and one publish batch (0.8 * lease, 12 s
-    by default): 10 + 20 + 12 = 42 s with the default lease. 60 s leaves a
-    third for a few ordinary statements, a GC pause and a starved CPU; a longer
-    lease lengthens the batch, so the bound grows with it (2 * lease + 30 s
-    always covers 10 + 20 + 0.8 * lease with room to spare)."""
-    return max(60.0, 2 * lease_s + 30)
-
-
-def default_readiness_timeout_s(lease_s: float) -> float:
-    """Three heartbeat periods plus 2 s (``lease + 2 s`` for leases of 1.5 s
-    and more; 17 s by default): a replica with nothing due still talks to
-    the database at every sweep, and this is the rule by which the other
-    replicas count it live (:func:`.membership.live_within_us`), so readiness,
-    sharing and the fleet's view agree."""
-    return live_within_us(round(sweep_period_s(lease_s) * 1_000_000)) / 1_000_000
 
 
 class Status:
@@ -398,6 +373,12 @@ def _usage(usage: str, problem: str) -> int:
 
 
 __all__ = [
+    "ANSWER_TIMEOUT_S",
+    "CONNECT_TIMEOUT_S",
+    "LIVE_HEARTBEATS",
+    "LIVE_SLACK_S",
+    "OUTAGE_BACKOFF_MAX_S",
+    "PUBLISH_SHARE",
     "Health",
     "Status",
     "default_liveness_timeout_s",
@@ -406,6 +387,7 @@ __all__ = [
     "main",
     "read_status",
     "readiness",
+    "sweep_period_s",
     "verdict",
     "write_status",
 ]

@@ -17,7 +17,8 @@ The same rule decides, for each of its users:
   the controls refuse names that no live replica's catalog lists (store/fleet.py);
 * readiness: a replica is ready while its last round trip is within the same
   bound, so that it reports ready exactly as long as the others count it live
-  (health.py, :func:`live_within_us` of its sweep period).
+  (``timing.default_readiness_timeout_s``: :func:`live_within_us` of its sweep
+  period).
 
 The SQL statements carry it as ``store.statements.live_replica`` (the same
 comparison, with ``:beats`` and ``:slack_us`` bound to these constants); the
@@ -27,17 +28,12 @@ contract suites check that the databases and the in-memory store agree with
 
 from __future__ import annotations
 
-#: a replica row counts as live this many of its heartbeat periods after it was seen
-LIVE_HEARTBEATS = 3
-#: ... plus this slack: a sweep runs late by up to a tick, a heartbeat's commit
-#: by a slow round trip
-LIVE_SLACK_US = 2_000_000
-
-
-def live_within_us(heartbeat_us: int) -> int:
-    """How long after its last heartbeat a replica that beats every
-    ``heartbeat_us`` still counts as live (17 s at the default 5 s)."""
-    return LIVE_HEARTBEATS * heartbeat_us + LIVE_SLACK_US
+# The constants and the window live in timing.py, the leaf of the timing
+# constants that the configuration and the health probe read too (readiness's
+# bound is this window); named here as well, where the rule is.
+from .timing import LIVE_HEARTBEATS as LIVE_HEARTBEATS
+from .timing import LIVE_SLACK_US as LIVE_SLACK_US
+from .timing import live_within_us as live_within_us
 
 
 def replica_live(seen_us: int, heartbeat_us: int, stopped_us: int | None, now_us: int) -> bool:

@@ -528,6 +528,21 @@ class MemoryStore(Store):
         with self._round_trip("publish catalog"):
             self._catalog[replica_id] = {e.entry: e for e in entries}
 
+    def prune_fleet(self, retention_us: int) -> int:
+        """See :meth:`.Store.prune_fleet` (replica rows and catalogs; run-now
+        requests have no rows of their own here)."""
+        with self._round_trip("prune fleet") as now:
+            gone = [
+                rid
+                for rid, row in self._replicas.items()
+                if (row["stopped_us"] or row["seen_us"]) < now - retention_us
+            ]
+            for rid in gone:
+                del self._replicas[rid]
+            orphans = [rid for rid in self._catalog if rid not in self._replicas]
+            rows = sum(len(self._catalog.pop(rid)) for rid in orphans)
+            return len(gone) + rows
+
     def pauses(self) -> list[Pause]:
         """See :meth:`.Store.pauses`."""
         with self._round_trip("read pauses") as now:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..exceptions import SingleBeatError
-from . import _app_of, target_of
+from .group import _app_of, target_of
 
 if TYPE_CHECKING:
     from ..config import Settings

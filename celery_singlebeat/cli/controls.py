@@ -12,9 +12,10 @@ import socket
 
 import click
 
-from . import output, singlebeat
+from . import output
 from .connect import fleet_of
 from .durations import InstantOrDuration, When
+from .group import singlebeat
 from .status import json_option
 
 

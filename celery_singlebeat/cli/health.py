@@ -12,7 +12,7 @@ import click
 
 from .. import health
 from ..exceptions import SingleBeatError
-from . import _app_of, singlebeat
+from .group import _app_of, singlebeat
 
 _STATUS_FILE, _LIVE, _READY = (text for _flag, _meta, text in health.OPTIONS)
 

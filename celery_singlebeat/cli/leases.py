@@ -6,8 +6,9 @@ import sys
 
 import click
 
-from . import output, singlebeat
+from . import output
 from .connect import fleet_of
+from .group import singlebeat
 from .status import json_option, output_instant
 
 

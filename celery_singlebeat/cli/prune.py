@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from . import singlebeat
 from .connect import fleet_of, settings_of
 from .durations import Duration
+from .group import singlebeat
 from .output import span
 
 

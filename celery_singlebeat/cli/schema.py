@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..exceptions import SingleBeatError
-from . import _app_of, singlebeat, target_of
+from .group import _app_of, singlebeat, target_of
 
 
 @singlebeat.command(name="create-schema")

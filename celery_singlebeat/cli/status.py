@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import output, singlebeat
+from . import output
 from .connect import fleet_of
 from .durations import InstantOrDuration, When
+from .group import singlebeat
 
 if TYPE_CHECKING:
     from ..store.fleet import EntryStatus, ReplicaStatus

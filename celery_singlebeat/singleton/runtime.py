@@ -17,8 +17,9 @@ from typing import Any
 
 from ..clock import US
 from ..config import Settings, default_replica_id
+from ..observers import for_worker
 from ..store.base import Store
-from ..telemetry import SingletonTelemetry, for_worker
+from ..telemetry import SingletonTelemetry
 from .heartbeat import heartbeat
 from .writeback import PING_S, WriteBack
 
@@ -36,7 +37,7 @@ class Runtime:
 
     def __init__(self, app: Any) -> None:
         self.settings = Settings.from_conf(app.conf)
-        #: SingletonTask's metrics in this process (telemetry.for_worker)
+        #: SingletonTask's metrics in this process (observers.for_worker)
         self.telemetry: SingletonTelemetry = for_worker(self.settings)
         self.owner = default_replica_id()
         self.pid = os.getpid()

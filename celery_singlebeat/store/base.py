@@ -40,11 +40,8 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import NamedTuple
 
+from .. import timing
 from ..clock import DatabaseClock
-
-# the rule of a live replica (re-exported: this module named its constants first)
-from ..membership import LIVE_HEARTBEATS as LIVE_HEARTBEATS
-from ..membership import LIVE_SLACK_US as LIVE_SLACK_US
 
 #: How far ahead of the database's clock a slot may be claimed. Replicas
 #: estimate that clock to within half a round trip; this absorbs the estimate's
@@ -141,6 +138,12 @@ class Pause(NamedTuple):
 
 #: the ``entry`` of a pause of every entry
 PAUSE_ALL = "*"
+
+#: a replica is live while its row is not stopped and was seen within
+#: LIVE_HEARTBEATS heartbeat periods plus LIVE_SLACK_US (timing.py, which the
+#: health probes' readiness bound shares; the rule: membership.replica_live)
+LIVE_HEARTBEATS = timing.LIVE_HEARTBEATS
+LIVE_SLACK_US = timing.LIVE_SLACK_US
 
 #: the meta row whose value every control change raises by one
 CONTROLS_KEY = "controls"

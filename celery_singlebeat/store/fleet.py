@@ -23,22 +23,19 @@ from __future__ import annotations
 import difflib
 import gc
 import json
-import random
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.elements import TextClause
 
-from ..exceptions import ControlError, SchemaError
-from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US, replica_live
-from .base import PAUSE_ALL, Pause, controls_channel
-from .fleet_statements import FleetDialect, fleet_dialect_for, status_entries
+from ..exceptions import ControlError
+from ..membership import replica_live
+from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
+from .fleet_statements import FleetDialect, status_entries
 from .schema import MAX_ENTRY_NAME
-from .sql import MAX_ATTEMPTS, SqlStore, _describe
+from .sql import FleetPruned, SqlStore
 
 if TYPE_CHECKING:
     from ..slots import SlotSequence
@@ -229,14 +226,6 @@ class RunNowResult(NamedTuple):
     controls_version: int
 
 
-class FleetPruned(NamedTuple):
-    """Rows :meth:`Fleet.prune_fleet` deleted."""
-
-    replicas: int
-    catalog: int
-    requests: int
-
-
 class PruneReport(NamedTuple):
     """Rows :meth:`Fleet.prune` deleted."""
 
@@ -248,8 +237,9 @@ class PruneReport(NamedTuple):
 class Fleet:
     """Operator reads and controls over a :class:`SqlStore`'s tables.
 
-    Uses the store's engine, table prefix and secrets: every driver error
-    becomes :class:`~celery_singlebeat.exceptions.StoreUnavailable` with the
+    Sends every statement through the store's :class:`~.executor.SqlExecutor`
+    (its connections, retries and secrets), as the store itself does: every
+    driver error becomes :class:`~celery_singlebeat.exceptions.StoreUnavailable` with the
     store's secrets scrubbed, and a missing table
     :class:`~celery_singlebeat.exceptions.SchemaError` saying to create the
     schema. Controls raise :class:`~celery_singlebeat.exceptions.ControlError`
@@ -261,12 +251,12 @@ class Fleet:
         meta = store.tables.meta.name
         # Tables() keeps no prefix of its own: every table is "<prefix><name>"
         self.prefix = meta[: -len("meta")]
-        self.sql: FleetDialect = fleet_dialect_for(store.backend, self.prefix)
+        self.sql: FleetDialect = store.fleet_sql
 
     # -- plumbing -----------------------------------------------------------
 
     def _text(self, statement: str) -> TextClause:
-        return self.store._text(statement)
+        return self.store.executor.text(statement)
 
     def _rows(self, conn: Connection, statement: str, **params: Any) -> list[Any]:
         return list(conn.execute(self._text(statement), params).all())
@@ -274,78 +264,31 @@ class Fleet:
     def _now(self, conn: Connection) -> int:
         return int(conn.execute(self._text(self.sql.now)).scalar_one())
 
-    def _schema_error(self, what: str, exc: DBAPIError) -> SchemaError:
-        return SchemaError(
-            self.store.secrets.scrub(
-                f"{what}: {_describe(exc)}; the celery-singlebeat tables are missing or "
-                "older than this release: create them with `celery -A proj singlebeat "
-                "create-schema` (or `python -m celery_singlebeat --url URL create-schema`)"
-            )
-        )
-
     def _read(self, what: str, work: Callable[[Connection], T]) -> T:
-        """``work`` on an autocommit connection, through the store's error wrapping
-        (retries of deadlocks and dead pooled connections, ``StoreUnavailable``)."""
-
-        def guarded(conn: Connection) -> T:
-            try:
-                return work(conn)
-            except DBAPIError as exc:
-                if _missing_table(exc):
-                    raise self._schema_error(what, exc) from None
-                raise
-
-        return self.store._run(what, guarded)
+        """``work`` on an autocommit connection, through the store's executor
+        (retries of deadlocks and dead pooled connections, ``StoreUnavailable``;
+        a missing table is a SchemaError naming the fix)."""
+        return self.store.executor.run(what, work, schema_errors=True)
 
     def _transaction(
         self, what: str, work: Callable[[Connection, int], T], *, retry_conflict: bool = False
     ) -> T:
         """``work(conn, now_us)`` inside one transaction; commit, or change nothing.
 
-        Retried whole (a new transaction) after a deadlock or serialization
-        failure, a pooled connection found dead before anything was sent, and,
-        with ``retry_conflict``, a unique violation (a concurrent writer took
-        the key this one chose). Never retried once the COMMIT was sent: its
-        answer lost, the change may or may not have been made, and the error
-        says so.
+        Through the store's executor, with its retries: run again whole (a new
+        transaction) after a deadlock or serialization failure, a dead
+        connection, and, with ``retry_conflict``, a unique violation (a
+        concurrent writer took the key this one chose). Never run again once
+        the COMMIT was sent: its answer lost, the change may or may not have
+        been made, and the error says so.
         """
-        attempt = 0
-        while True:
-            attempt += 1
-            stage = "connect"
-            try:
-                with self.store.engine.connect() as conn:
-                    try:
-                        conn.exec_driver_sql(self.sql.begin)
-                        stage = "work"
-                        result = work(conn, self._now(conn))
-                        stage = "commit"
-                        conn.exec_driver_sql("COMMIT")
-                        return result
-                    except BaseException:
-                        if stage == "work":
-                            _roll_back(conn)
-                        raise
-            except DBAPIError as exc:
-                if _missing_table(exc):
-                    raise self._schema_error(what, exc) from None
-                retry = attempt < MAX_ATTEMPTS and (
-                    self.store._retryable(exc)
-                    or (retry_conflict and isinstance(exc, IntegrityError))
-                    or (stage == "connect" and exc.connection_invalidated)
-                )
-                if stage != "commit" and retry:
-                    time.sleep(random.uniform(0.001, 0.02) * attempt)
-                    continue
-                error = self.store._unavailable(what, exc)
-                if stage == "commit":
-                    error = type(error)(
-                        f"{error}; the answer to COMMIT was lost: the change may or may "
-                        "not have been made"
-                    )
-                raise error from self.store.secrets.cause(exc)
-            except SQLAlchemyError as exc:
-                raise self.store._unavailable(what, exc) from self.store.secrets.cause(exc)
+        return self.store.executor.run(
+            what,
+            lambda conn: work(conn, self._now(conn)),
+            begin=self.sql.begin,
+            retry_conflict=retry_conflict,
+            schema_errors=True,
+        )
 
     def _bump_controls(self, conn: Connection) -> int:
         """Raise the control version (creating its row) and, on PostgreSQL,
@@ -401,7 +344,7 @@ class Fleet:
         Per entry: its task and schedule from the catalog (rows of live replicas
         first), how many live replicas have it, the next slot the fleet will
         send (rebuilt from the catalog's spec and the entry's anchor:
-        :func:`celery_singlebeat.catalog.sequence_of`), the first slot it should
+        :func:`celery_singlebeat.schedule_spec.sequence_of`), the first slot it should
         have sent and did not when there is one (``overdue_slot_us``), the
         latest slot claimed and the state of its row, the latest sent slot with
         its sender and delay, and the pause in force (its own or ``*``).
@@ -712,13 +655,13 @@ class Fleet:
 
         def slots(conn: Connection) -> int:
             params = {"retention_us": retention_us}
-            conn.execute(store._text(store.sql.prune_mark), params)
-            return int(conn.execute(store._text(store.sql.prune_delete), params).rowcount)
+            conn.execute(self._text(store.sql.prune_mark), params)
+            return int(conn.execute(self._text(store.sql.prune_delete), params).rowcount)
 
         def singletons(conn: Connection) -> int:
             params = {"retention_us": run_retention_us}
-            runs = conn.execute(store._text(store.lease_sql.prune_runs), params).rowcount
-            locks = conn.execute(store._text(store.lease_sql.prune_locks), params).rowcount
+            runs = conn.execute(self._text(store.lease_sql.prune_runs), params).rowcount
+            locks = conn.execute(self._text(store.lease_sql.prune_locks), params).rowcount
             return int(runs) + int(locks)
 
         deleted = self._read("prune", slots)
@@ -733,42 +676,10 @@ class Fleet:
         while replicas run (a live replica's row is always younger than the
         retention, which is at least four leases)."""
 
-        def work(conn: Connection) -> FleetPruned:
-            now = self._now(conn)
-            params = {"now_us": now, "retention_us": retention_us}
-            replicas = conn.execute(self._text(self.sql.prune_replicas), params).rowcount
-            conn.execute(self._text(self.sql.prune_catalogs), params)
-            catalog = conn.execute(self._text(self.sql.prune_catalog)).rowcount
-            requests = conn.execute(self._text(self.sql.prune_requests)).rowcount
-            return FleetPruned(int(replicas), int(catalog), int(requests))
-
-        return self._read("prune fleet", work)
+        return self.store.prune_fleet_rows(retention_us)
 
 
 # -- helpers ------------------------------------------------------------------
-
-
-def _missing_table(exc: DBAPIError) -> bool:
-    """Whether a driver error says a table does not exist."""
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL undefined_table
-        return True
-    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-    if args and args[0] == 1146:  # MySQL/MariaDB ER_NO_SUCH_TABLE
-        return True
-    return "no such table" in str(orig).lower()  # SQLite
-
-
-def _roll_back(conn: Connection) -> None:
-    """End the transaction a failed control began, before the connection goes
-    back to a pool of autocommit connections, where an open transaction would
-    hold its locks and swallow the next user's statements. (The pool's reset on
-    return ends it too, with each driver; this does not rely on that.) A
-    connection that cannot roll back is dropped."""
-    try:
-        conn.exec_driver_sql("ROLLBACK")
-    except Exception:
-        conn.invalidate()
 
 
 def _names(entries: Sequence[str]) -> list[str]:
@@ -846,7 +757,7 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..catalog import sequence_of
+    from ..schedule_spec import sequence_of
     from ..slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}

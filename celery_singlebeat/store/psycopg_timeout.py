@@ -16,8 +16,10 @@ from typing import Any
 
 import psycopg
 
+from ..timing import ANSWER_TIMEOUT_S
+
 #: the seconds a statement waits for its answer, as PyMySQL's ``read_timeout``
-DEFAULT_READ_TIMEOUT_S = 15.0
+DEFAULT_READ_TIMEOUT_S = ANSWER_TIMEOUT_S
 
 
 class NoAnswer(psycopg.OperationalError):

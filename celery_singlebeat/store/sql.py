@@ -2,9 +2,11 @@
 
 One SQLAlchemy engine in autocommit mode: every operation is a single
 statement (two on MySQL/MariaDB, which lack RETURNING), so a tick costs one
-round trip, not BEGIN + statement + COMMIT. Driver errors are wrapped here,
-once: deadlocks and serialization failures are retried, anything else that
-means "the database did not decide" becomes ``StoreUnavailable``.
+round trip, not BEGIN + statement + COMMIT. Every statement goes through
+the store's :class:`~.executor.SqlExecutor` (shared with its
+:class:`~.fleet.Fleet`), which wraps driver errors once: deadlocks and
+serialization failures are retried, anything else that means "the database
+did not decide" becomes ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,18 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.sql.elements import TextClause
 
 from ..clock import DatabaseClock
-from ..exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
+from ..exceptions import SchemaError, StoreUnavailable
 from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..redact import Secrets
+from ..timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from .base import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
@@ -46,6 +47,8 @@ from .base import (
     Store,
     controls_channel,
 )
+from .executor import MAX_ATTEMPTS, SqlExecutor
+from .fleet_statements import FleetDialect, fleet_dialect_for
 from .lease_statements import LeaseDialect, lease_dialect_for
 from .schema import SCHEMA_VERSION, Tables
 from .statements import Dialect, dialect_for
@@ -55,26 +58,6 @@ if TYPE_CHECKING:
     from .listening import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
-
-T = TypeVar("T")
-
-# PostgreSQL SQLSTATEs and MySQL error numbers that mean "try the same statement
-# again": the database refused to decide *this time*, nothing was written.
-_PG_RETRY = {"40P01", "40001", "55P03"}
-_MY_RETRY = {1213, 1205}
-
-#: deadlock retries before a statement is reported as failed.
-MAX_ATTEMPTS = 5
-
-#: after a pooled connection turned out dead, how long new connections are
-#: tried before the failure counts as an outage (seconds, monotonic clock). A
-#: server restarting (``pg_ctl restart -m fast``) ends every session and then
-#: refuses connections, or answers "the database system is starting up", for a
-#: moment: a single immediate reconnect met exactly that and reported an outage.
-RECONNECT_WINDOW_S = 2.0
-#: the first pause between those reconnects; it doubles, up to RECONNECT_PAUSE_MAX_S
-RECONNECT_PAUSE_S = 0.05
-RECONNECT_PAUSE_MAX_S = 0.4
 
 
 def _engine_defaults(url: URL) -> dict[str, Any]:
@@ -88,7 +71,7 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
             "pool_pre_ping": False,
             "pool_size": 2,
             "connect_args": {
-                "connect_timeout": 5,
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
                 # kernel gives up on unacknowledged data after 10 s (a cut network
                 # otherwise hangs a read for ~15 minutes)
                 "tcp_user_timeout": 10_000,
@@ -108,9 +91,23 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
             "pool_pre_ping": False,  # see above
             "pool_size": 2,
             "pool_recycle": 3600,
-            "connect_args": {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15},
+            "connect_args": {
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
+                "read_timeout": int(ANSWER_TIMEOUT_S),
+                "write_timeout": 15,
+            },
         }
     return {"connect_args": {"timeout": 15}}
+
+
+class FleetPruned(NamedTuple):
+    """The rows a fleet prune deleted, by table."""
+
+    replicas: int
+    #: catalog rows (of catalogs no replica row names any more)
+    catalog: int
+    #: request rows whose slot row is gone
+    requests: int
 
 
 class SqlStore(Store):
@@ -145,20 +142,20 @@ class SqlStore(Store):
             url = url.set(drivername=f"{url.drivername}+pymysql")
         self.engine: Engine = create_engine(url, **options)
         self._install_session_setup()
+        #: sends every statement of this store and of its Fleet (one retry loop)
+        self.executor = SqlExecutor(self.engine, self.secrets)
         self.tables = Tables(table_prefix)
         self.sql: Dialect = dialect_for(self.backend, table_prefix)
+        #: the fleet's statements (its prune is the store's, the rest Fleet's)
+        self.fleet_sql: FleetDialect = fleet_dialect_for(self.backend, table_prefix)
         #: replica id -> the id of the catalog it last published
         self._catalogs: dict[str, str] = {}
-        #: raise ConnectionReplaced instead of sending a statement on the new
-        #: connection that replaced a broken one (the scheduler sets it)
-        self.stop_at_reconnect = False
         self.lease_sql: LeaseDialect = lease_dialect_for(self.backend, table_prefix)
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
         self.round_trips = 0
         #: claimed-but-unsent rows in the store, as the last heartbeat counted them
         self.open_claims: int | None = None
-        self._texts: dict[str, TextClause] = {}
 
         #: called with (seconds, ok) after each statement (metrics, readiness)
         self.on_round_trip: Callable[[float, bool], None] | None = None
@@ -186,6 +183,25 @@ class SqlStore(Store):
             sent = getattr(context.execution_context, "_singlebeat_sent", None)
             if hook is not None:
                 hook(time.perf_counter() - sent if sent is not None else 0.0, False)
+
+    @property
+    def stop_at_reconnect(self) -> bool:
+        """Raise ConnectionReplaced instead of sending a statement on the new
+        connection that replaced a broken one (the scheduler sets it)."""
+        return self.executor.stop_at_reconnect
+
+    @stop_at_reconnect.setter
+    def stop_at_reconnect(self, value: bool) -> None:
+        self.executor.stop_at_reconnect = value
+
+    @property
+    def interruptions(self) -> int:
+        """:attr:`Store.interruptions`, counted where the statements are sent."""
+        return self.executor.interruptions
+
+    @interruptions.setter
+    def interruptions(self, value: int) -> None:
+        self.executor.interruptions = value
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlStore:
@@ -230,103 +246,10 @@ class SqlStore(Store):
 
     # -- plumbing -----------------------------------------------------------
 
-    def _retryable(self, exc: DBAPIError) -> bool:
-        orig = exc.orig
-        if self.backend == "postgresql":
-            return getattr(orig, "sqlstate", None) in _PG_RETRY
-        if self.backend in ("mysql", "mariadb"):
-            args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-            return bool(args) and args[0] in _MY_RETRY
-        return "locked" in str(orig).lower() or "busy" in str(orig).lower()
-
-    @contextmanager
-    def _connect(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
-            yield conn
-
-    def _run(self, what: str, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` on a connection, retrying deadlocks; wrap driver errors."""
-        attempt = 0
-        #: set once a pooled connection was found dead: until when to reconnect
-        reconnect_until: float | None = None
-        pause = RECONNECT_PAUSE_S
-        broken = False
-        while True:
-            attempt += 1
-            connected = False
-            try:
-                with self._connect() as conn:
-                    connected = True
-                    if broken and self.stop_at_reconnect:
-                        # connected again, maybe to another server: the caller
-                        # writes back what it sent before this statement goes
-                        raise ConnectionReplaced(
-                            f"{what}: the connection to the database broke; reconnected"
-                        )
-                    return work(conn)
-            except DBAPIError as exc:
-                if (
-                    not connected
-                    or exc.connection_invalidated
-                    or getattr(exc.orig, "singlebeat_no_answer", False)
-                ):
-                    # the answer, if any, may come from another server next time
-                    self.interruptions += 1
-                    broken = True
-                if getattr(exc.orig, "singlebeat_no_answer", False):
-                    # the server (or the path to it) went silent: a new
-                    # connection would wait out its connect_timeout in vain
-                    raise self._unavailable(what, exc) from self.secrets.cause(exc)
-                if exc.connection_invalidated and reconnect_until is None:
-                    # A pooled connection that died while idle (database restart,
-                    # proxy timeout): the pool is invalidated, try again on a new
-                    # connection before calling it an outage.
-                    logger.debug("singlebeat: %s: stale connection, reconnecting", what)
-                    reconnect_until = time.monotonic() + RECONNECT_WINDOW_S
-                    continue
-                lost = not connected or exc.connection_invalidated
-                left = reconnect_until - time.monotonic() if reconnect_until is not None else 0.0
-                if lost and left > 0:
-                    # the server that ended the session may be restarting: wait a
-                    # moment for it, rather than report an outage that is none
-                    logger.debug(
-                        "singlebeat: %s: reconnect failed (%s)",
-                        what,
-                        self.secrets.scrub(_describe(exc)),
-                    )
-                    time.sleep(min(pause, left))
-                    pause = min(pause * 2, RECONNECT_PAUSE_MAX_S)
-                    continue
-                if self._retryable(exc) and attempt < MAX_ATTEMPTS:
-                    logger.debug(
-                        "singlebeat: %s: retrying after %s", what, self.secrets.scrub(str(exc.orig))
-                    )
-                    time.sleep(random.uniform(0.001, 0.02) * attempt)
-                    continue
-                raise self._unavailable(what, exc) from self.secrets.cause(exc)
-            except SQLAlchemyError as exc:
-                self.interruptions += 1
-                raise self._unavailable(what, exc) from self.secrets.cause(exc)
-
-    def _unavailable(self, what: str, exc: SQLAlchemyError) -> StoreUnavailable:
-        """The outage a driver error means, its text scrubbed of this store's
-        secrets: a driver may repeat its connection parameters in a message, and
-        the scheduler, the worker and the CLI all print this one. (Raised from
-        ``self.secrets.cause(exc)``, which drops the chain when it repeats one.)"""
-        return StoreUnavailable(self.secrets.scrub(f"{what} failed: {_describe(exc)}"))
-
-    def _text(self, statement: str) -> TextClause:
-        """The statement as a SQLAlchemy clause, made once: parsing its text
-        (bind parameters) on every call was a measurable part of a round trip."""
-        clause = self._texts.get(statement)
-        if clause is None:
-            clause = self._texts[statement] = text(statement)
-        return clause
-
     def _fetch(self, conn: Connection, statement: str, **params: Any) -> list[Any]:
         """Execute, read all rows, and feed the database clock from column 0."""
         sent = self.clock.local_us()
-        rows = conn.execute(self._text(statement), params).all()
+        rows = conn.execute(self.executor.text(statement), params).all()
         received = self.clock.local_us()
         if rows and rows[0][0] is not None:
             self.clock.observe(int(rows[0][0]), sent, received)
@@ -356,11 +279,11 @@ class SqlStore(Store):
                         for index in table.indexes:
                             index.create(conn, checkfirst=True)
             conn.execute(
-                self._text(self.sql.meta_insert),
+                self.executor.text(self.sql.meta_insert),
                 {"key": "schema_version", "value_us": SCHEMA_VERSION},
             )
             for turn in ("prune", "prune_singletons", CONTROLS_KEY):
-                conn.execute(self._text(self.sql.meta_insert), {"key": turn, "value_us": 0})
+                conn.execute(self.executor.text(self.sql.meta_insert), {"key": turn, "value_us": 0})
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
             ).one()[1]
@@ -376,7 +299,7 @@ class SqlStore(Store):
         # exists"): whoever loses simply checks again.
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                self._run("schema check", work)
+                self.executor.run("schema check", work)
                 return
             except StoreUnavailable as exc:
                 if attempt == MAX_ATTEMPTS or not _looks_like_create_race(exc):
@@ -389,7 +312,7 @@ class SqlStore(Store):
         def work(conn: Connection) -> dict[str, EntryState]:
             if names:
                 conn.execute(
-                    self._text(self.sql.register_insert), {"names": payload, "owner": owner}
+                    self.executor.text(self.sql.register_insert), {"names": payload, "owner": owner}
                 )
             rows = self._fetch(conn, self.sql.register_select, names=payload)
             out = {}
@@ -400,14 +323,14 @@ class SqlStore(Store):
                 out[name] = EntryState(name, int(anchor), last_slot)
             return out
 
-        return self._run("register entries", work)
+        return self.executor.run("register entries", work)
 
     def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
         if not slots:
             return []
         payload = json.dumps(sorted({(s.entry, s.slot_us) for s in slots}))
         if self.sql.returning:
-            return self._run(
+            return self.executor.run(
                 "claim",
                 lambda conn: _claims(
                     self._note_controls(
@@ -426,7 +349,7 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> list[Claim]:
             conn.execute(
-                self._text(self.sql.claim),
+                self.executor.text(self.sql.claim),
                 {
                     "owner": owner,
                     "slots": payload,
@@ -441,7 +364,7 @@ class SqlStore(Store):
                 )
             )
 
-        return self._run("claim", work)
+        return self.executor.run("claim", work)
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
         # once each: MySQL compares the matched row count with the number of claims
@@ -450,7 +373,7 @@ class SqlStore(Store):
             return []
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
         if self.sql.returning:
-            return self._run(
+            return self.executor.run(
                 "confirm",
                 lambda conn: _claims(
                     self._fetch(conn, self.sql.confirm, owner=owner, slots=payload)
@@ -458,7 +381,9 @@ class SqlStore(Store):
             )
 
         def work(conn: Connection) -> list[Claim]:
-            result = conn.execute(self._text(self.sql.confirm), {"owner": owner, "slots": payload})
+            result = conn.execute(
+                self.executor.text(self.sql.confirm), {"owner": owner, "slots": payload}
+            )
             if result.rowcount == len(claims):
                 return list(claims)
             # Some were taken over: find out which are ours and sent.
@@ -480,7 +405,7 @@ class SqlStore(Store):
             }
             return [c for c in claims if (c.entry, c.slot_us, c.fence) in mine]
 
-        return self._run("confirm", work)
+        return self.executor.run("confirm", work)
 
     def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
         sent = list(dict.fromkeys(sent))
@@ -495,7 +420,9 @@ class SqlStore(Store):
             return
         payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
         params = {"owner": owner, "slots": payload, "retry_us": max(0, retry_in_us)}
-        self._run("release", lambda conn: conn.execute(self._text(self.sql.release), params))
+        self.executor.run(
+            "release", lambda conn: conn.execute(self.executor.text(self.sql.release), params)
+        )
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         # run-now rows only for the entries of the catalog this replica published
@@ -517,33 +444,38 @@ class SqlStore(Store):
         """
         if self.sql.returning:
             return _oldest_first(
-                self._run(what, lambda conn: _claims(self._fetch(conn, statement, **params)))
+                self.executor.run(
+                    what, lambda conn: _claims(self._fetch(conn, statement, **params))
+                )
             )
         batch = uuid.uuid4().hex
         owner = params["owner"]
 
         def work(conn: Connection) -> list[Claim]:
-            if conn.execute(self._text(statement), {**params, "batch": batch}).rowcount == 0:
+            if (
+                conn.execute(self.executor.text(statement), {**params, "batch": batch}).rowcount
+                == 0
+            ):
                 # nothing to read back; the heartbeat sent with every sweep
                 # feeds the clock (a ping here cost MySQL one statement a sweep)
                 return []
             rows = self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
             return _claims([r for r in rows if sent or r[4] in (None, 0)])
 
-        return _oldest_first(self._run(what, work))
+        return _oldest_first(self.executor.run(what, work))
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         def work(conn: Connection) -> int | None:
-            turn = conn.execute(self._text(self.sql.prune_turn), {"every_us": every_us})
+            turn = conn.execute(self.executor.text(self.sql.prune_turn), {"every_us": every_us})
             if turn.rowcount != 1:
                 return None
-            conn.execute(self._text(self.sql.prune_mark), {"retention_us": retention_us})
+            conn.execute(self.executor.text(self.sql.prune_mark), {"retention_us": retention_us})
             deleted = conn.execute(
-                self._text(self.sql.prune_delete), {"retention_us": retention_us}
+                self.executor.text(self.sql.prune_delete), {"retention_us": retention_us}
             )
             return int(deleted.rowcount)
 
-        return self._run("prune", work)
+        return self.executor.run("prune", work)
 
     def _note_controls(self, rows: list[Any]) -> list[Any]:
         """Keep the control version a statement read in its last column."""
@@ -571,13 +503,13 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> list[Any]:
             if self.sql.heartbeat_read:
-                conn.execute(self._text(self.sql.heartbeat), params)
+                conn.execute(self.executor.text(self.sql.heartbeat), params)
                 return self._fetch(
                     conn, self.sql.heartbeat_read, beats=LIVE_HEARTBEATS, slack_us=LIVE_SLACK_US
                 )
             return self._fetch(conn, self.sql.heartbeat, **params)
 
-        rows = self._run("heartbeat", work)
+        rows = self.executor.run("heartbeat", work)
         if not rows:
             return [info.id]
         _now, version, open_claims, _live = rows[0]
@@ -594,9 +526,9 @@ class SqlStore(Store):
         return sorted(live | {info.id})
 
     def stopped(self, replica_id: str) -> None:
-        self._run(
+        self.executor.run(
             "mark replica stopped",
-            lambda conn: conn.execute(self._text(self.sql.stopped), {"id": replica_id}),
+            lambda conn: conn.execute(self.executor.text(self.sql.stopped), {"id": replica_id}),
         )
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
@@ -614,20 +546,20 @@ class SqlStore(Store):
         params = {"catalog": catalog, "entries": len(ordered), "replica": replica_id}
 
         def work(conn: Connection) -> None:
-            conn.execute(self._text(self.sql.catalog_header), params)
+            conn.execute(self.executor.text(self.sql.catalog_header), params)
             have = self._fetch(conn, self.sql.catalog_count, catalog=catalog)
             if int(have[0][0]) < len(ordered):
-                conn.execute(self._text(self.sql.catalog_insert), {**params, "rows": rows})
-            conn.execute(self._text(self.sql.catalog_assign), params)
+                conn.execute(self.executor.text(self.sql.catalog_insert), {**params, "rows": rows})
+            conn.execute(self.executor.text(self.sql.catalog_assign), params)
 
-        self._run("publish catalog", work)
+        self.executor.run("publish catalog", work)
         # the heartbeat names it too: the replica's row may not exist yet
         self._catalogs[replica_id] = catalog
 
     def pauses(self) -> list[Pause]:
         # the control version comes along: the pauses read are those of that version
         rows = self._note_controls(
-            self._run("read pauses", lambda conn: self._fetch(conn, self.sql.pauses))
+            self.executor.run("read pauses", lambda conn: self._fetch(conn, self.sql.pauses))
         )
         return sorted(
             (
@@ -674,13 +606,26 @@ class SqlStore(Store):
             ) from None
 
     def prune_fleet(self, retention_us: int) -> int:
-        # the fleet's statements and their wrapping live with the operator's reads
-        from .fleet import Fleet
+        return sum(self.prune_fleet_rows(retention_us))
 
-        return sum(Fleet(self).prune_fleet(retention_us))
+    def prune_fleet_rows(self, retention_us: int) -> FleetPruned:
+        """:meth:`prune_fleet`, counted by table (``singlebeat prune`` prints
+        them). A missing table raises SchemaError naming the fix."""
+        sql = self.fleet_sql
+
+        def work(conn: Connection) -> FleetPruned:
+            now = int(conn.execute(self.executor.text(sql.now)).scalar_one())
+            params = {"now_us": now, "retention_us": retention_us}
+            replicas = conn.execute(self.executor.text(sql.prune_replicas), params).rowcount
+            conn.execute(self.executor.text(sql.prune_catalogs), params)
+            catalog = conn.execute(self.executor.text(sql.prune_catalog)).rowcount
+            requests = conn.execute(self.executor.text(sql.prune_requests)).rowcount
+            return FleetPruned(int(replicas), int(catalog), int(requests))
+
+        return self.executor.run("prune fleet", work, schema_errors=True)
 
     def recent_owners(self, window_us: int) -> list[str]:
-        rows = self._run(
+        rows = self.executor.run(
             "recent owners",
             lambda conn: self._fetch(conn, self.sql.recent_owners, window_us=window_us),
         )
@@ -700,13 +645,13 @@ class SqlStore(Store):
                     return self._holder(conn, key)
                 now, token, expires, holder, until = rows[0]
                 return self._lease_answer(conn, key, now, token, expires, holder, until)
-            conn.execute(self._text(sql.acquire), params)
+            conn.execute(self.executor.text(sql.acquire), params)
             _now, token, expires, holder, row_grant = self._fetch(conn, sql.lease_row, key=key)[0]
             if row_grant == grant:
                 return Lease(key, int(token), int(expires))
             return Busy(str(holder or "?"), int(expires or 0))
 
-        return self._run("acquire lease", work)
+        return self.executor.run("acquire lease", work)
 
     def _lease_answer(
         self,
@@ -751,7 +696,7 @@ class SqlStore(Store):
                 return begin, None
             return begin, self._lease_answer(conn, key, now, token, expires, key_holder, until)
 
-        return self._run("begin slot", work)
+        return self.executor.run("begin slot", work)
 
     def end_slot(self, run: Run, outcome: str | None, lease: Lease) -> tuple[bool, bool]:
         if not self.lease_sql.end_slot:
@@ -765,7 +710,7 @@ class SqlStore(Store):
             "key": lease.key,
             "token": lease.token,
         }
-        row = self._run(
+        row = self.executor.run(
             "end slot", lambda conn: self._fetch(conn, self.lease_sql.end_slot, **params)[0]
         )
         return int(row[1]) == 1, int(row[2]) == 1
@@ -780,22 +725,24 @@ class SqlStore(Store):
                 if not rows or rows[0][1] is None:
                     return None
                 return lease._replace(expires_us=int(rows[0][1]))
-            if conn.execute(self._text(sql.renew), params).rowcount != 1:
+            if conn.execute(self.executor.text(sql.renew), params).rowcount != 1:
                 return None
             row = self._fetch(conn, sql.lease_row, key=lease.key)[0]
             return lease._replace(expires_us=int(row[2]))
 
-        return self._run("renew lease", work)
+        return self.executor.run("renew lease", work)
 
     def release_lease(self, lease: Lease) -> bool:
         params = {"key": lease.key, "token": lease.token}
-        return self._run(
+        return self.executor.run(
             "release lease",
-            lambda conn: conn.execute(self._text(self.lease_sql.release), params).rowcount == 1,
+            lambda conn: (
+                conn.execute(self.executor.text(self.lease_sql.release), params).rowcount == 1
+            ),
         )
 
     def lease_holds(self, key: str, token: int) -> bool:
-        rows = self._run(
+        rows = self.executor.run(
             "check lease",
             lambda conn: self._fetch(conn, self.lease_sql.holds, key=key, token=token),
         )
@@ -809,17 +756,17 @@ class SqlStore(Store):
             if sql.returning:
                 row = self._fetch(conn, sql.begin_run, **params)[0]
             else:
-                conn.execute(self._text(sql.begin_run), params)
+                conn.execute(self.executor.text(sql.begin_run), params)
                 row = self._fetch(conn, sql.run_row, entry=run.entry, slot_us=run.slot_us)[0]
             _now, run_id, state, holder, outcome = row
             return _run_begin(run, run_id, state, holder, outcome)
 
-        return self._run("begin run", work)
+        return self.executor.run("begin run", work)
 
     def _run_update(self, what: str, statement: str, run: Run, **extra: Any) -> bool:
         params = {"entry": run.entry, "slot_us": run.slot_us, "run_id": run.run_id, **extra}
-        return self._run(
-            what, lambda conn: conn.execute(self._text(statement), params).rowcount == 1
+        return self.executor.run(
+            what, lambda conn: conn.execute(self.executor.text(statement), params).rowcount == 1
         )
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
@@ -853,31 +800,34 @@ class SqlStore(Store):
                     "finished_us": record.finished_us,
                     "outcome": record.outcome,
                 }
-                written = conn.execute(self._text(sql.reinsert_run), params).rowcount == 1
+                written = conn.execute(self.executor.text(sql.reinsert_run), params).rowcount == 1
                 if not written and record.outcome is not None:
-                    refinish = conn.execute(self._text(sql.refinish_run), params)
+                    refinish = conn.execute(self.executor.text(sql.refinish_run), params)
                     written = refinish.rowcount == 1
                 if written:
                     again.append(record)
             return again
 
-        return self._run("write run rows again", work)
+        return self.executor.run("write run rows again", work)
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         sql = self.lease_sql
 
         def work(conn: Connection) -> int | None:
-            if conn.execute(self._text(sql.prune_turn), {"every_us": every_us}).rowcount != 1:
+            if (
+                conn.execute(self.executor.text(sql.prune_turn), {"every_us": every_us}).rowcount
+                != 1
+            ):
                 return None
             params = {"retention_us": retention_us}
-            runs = conn.execute(self._text(sql.prune_runs), params).rowcount
-            locks = conn.execute(self._text(sql.prune_locks), params).rowcount
+            runs = conn.execute(self.executor.text(sql.prune_runs), params).rowcount
+            locks = conn.execute(self.executor.text(sql.prune_locks), params).rowcount
             return int(runs) + int(locks)
 
-        return self._run("prune singletons", work)
+        return self.executor.run("prune singletons", work)
 
     def ping(self) -> int:
-        return self._run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
+        return self.executor.run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -909,13 +859,6 @@ def _claims(rows: Sequence[Any]) -> list[Claim]:
 def _oldest_first(claims: list[Claim]) -> list[Claim]:
     # RETURNING gives no order; taken-over slots are published oldest first
     return sorted(claims, key=lambda c: (c.slot_us, c.entry))
-
-
-def _describe(exc: SQLAlchemyError) -> str:
-    """One line without the statement text or its parameters (which may be long)."""
-    orig = getattr(exc, "orig", None)
-    message = str(orig if orig is not None else exc).strip().splitlines()
-    return f"{type(orig or exc).__name__}: {message[0] if message else ''}"
 
 
 def _looks_like_create_race(exc: StoreUnavailable) -> bool:

@@ -193,7 +193,7 @@ def test_postgres_black_hole_is_noticed(
     wait_for(
         lambda: cut_off.lines("reachable again"),
         15,
-        "the cut-off replica to reconnect (backoff is capped at 10 s)",
+        "the cut-off replica to reconnect (backoff is capped at 1.5 s)",
         interval=0.2,
     )
     resumed_from = len(cut_off.sent_task_ids())

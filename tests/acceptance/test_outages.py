@@ -332,7 +332,7 @@ def test_database_cut_between_publish_and_confirm_is_confirmed_on_return(
     wait_for(
         lambda: cut.lines("reachable again"),
         15,
-        "the replica to reconnect (backoff is capped at 10 s)",
+        "the replica to reconnect (backoff is capped at 1.5 s)",
         interval=0.2,
     )
     # Well inside the lease: nobody could take the slot over meanwhile.

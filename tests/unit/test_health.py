@@ -127,9 +127,9 @@ def test_the_bounds_copy_what_the_scheduler_and_the_store_do(
     harness_for: Callable[..., Harness],  # noqa: F811
 ) -> None:
     """health.py cannot import them (the exec probe would pay for it): its
-    copies must stay what the loop really does. Readiness takes the rule of a
-    live replica from membership.py itself (a leaf): the bound is the one by
-    which the other replicas count this one live."""
+    copies must stay what the loop really does. Readiness's bound is the
+    window of the rule of a live replica (membership.replica_live): a replica
+    is ready exactly as long as the others count it live."""
     assert health.OUTAGE_BACKOFF_MAX_S == scheduler.BACKOFF_MAX
     for lease in (1.0, 15.0, 60.0):
         sweep_us = round(health.sweep_period_s(lease) * 1_000_000)

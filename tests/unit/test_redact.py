@@ -166,7 +166,7 @@ def _failing(store: SqlStore, message: str) -> None:
         raise OperationalError(None, None, _DriverError(message))
         yield None  # pragma: no cover
 
-    store._connect = connect  # type: ignore[method-assign,assignment]
+    store.executor.connect = connect  # type: ignore[method-assign,assignment]
 
 
 @pytest.mark.parametrize("where", ["user part", "query", "connect_args"])
