@@ -82,8 +82,9 @@ class ScalePlan:
 
     @classmethod
     def make(cls, quick: bool) -> ScalePlan:
-        # Replicas learn of each other from the slots they win: the warm-up lets
-        # the sharing settle (seconds) before the counted window starts.
+        # Replicas learn of each other from their heartbeats (and read again 1 s
+        # after another claims their share): the warm-up lets the sharing
+        # settle (seconds) before the counted window starts.
         rates = replace(Plan.make(quick), rate_warmup=5 if quick else 8)
         if quick:
             return cls(True, (5000,), 10_000, 2_000, 8.0, 1, 4.0, rates)

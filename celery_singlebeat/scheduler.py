@@ -55,11 +55,10 @@ from .sharing import (
     FALLBACK_BATCH,
     FALLBACK_DELAY_US,
     FIRST_BATCH,
-    LIVE_WINDOW_US,
     SHARE_RECHECK,
-    deal,
+    bucket_owners,
+    entry_buckets,
     live_replicas,
-    order_entries,
 )
 from .slots import (
     SLOT_HEADER,
@@ -202,7 +201,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._heap: list[_Tracked] = []
         self._later: list[_Tracked] = []
         self._live: tuple[str, ...] = ()
-        self._order: list[str] | None = None
+        #: each entry's sharing bucket (sharing.py), hashed once
+        self._buckets: dict[str, int] | None = None
         self._policies: dict[str, MissedPolicy] = {}
         self._ready = False
         self._outage_since: float | None = None
@@ -648,9 +648,9 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         self._check_controls()
 
     def _read_live(self, monotonic: float, sweeping: bool) -> None:
-        """The heartbeat: record this replica's row, read who else won slots
-        lately (sharing.py) and the control version, in one statement where
-        the store can."""
+        """The heartbeat: record this replica's row, read the live replicas
+        (membership.replica_live: the ones sharing is among) and the control
+        version, in one statement where the store can."""
         store = self._store
         assert store is not None
         self._shared_at = monotonic
@@ -669,8 +669,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             heartbeat_us=int(self._sweep_every * US),
             lost_writes=self.stats["lost_writes"],
         )
-        owners = store.heartbeat(info, LIVE_WINDOW_US)
-        self._share(live_replicas(owners, self.settings.replica_id))
+        live = store.heartbeat(info)
+        self._share(live_replicas(live, self.settings.replica_id))
         self.telemetry.fleet(len(self._live), store.open_claims)
         # in a sweep, the takeover that takes run-now requests follows at once
         self._check_controls(sweep=not sweeping)
@@ -791,11 +791,13 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         if live == self._live and not force:
             return
         me = self.settings.replica_id
-        if self._order is None:
-            self._order = order_entries(self.schedule)
-        first = deal(self._order, live)
+        if self._buckets is None:
+            self._buckets = entry_buckets(self.schedule)
+        buckets = self._buckets
+        owners = bucket_owners(live)
         for tracked in self._tracked.values():
-            tracked.first = first.get(tracked.name, me) == me
+            bucket = buckets.get(tracked.name)
+            tracked.first = bucket is None or owners[bucket] == me
         self._first_count = sum(1 for t in self._tracked.values() if t.first)
         # Called between ticks: every tracked entry is in one of the two heaps.
         self._heap = [t for t in self._tracked.values() if t.first]

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 from .clock import DatabaseClock, datetime_to_us, us_to_datetime
 from .config import read_setting
 from .exceptions import SchemaError, StoreUnavailable
+from .membership import replica_live
 from .scheduler import SingleBeatScheduler
 from .store.base import (
     EARLY_TOLERANCE_US,
@@ -504,14 +505,16 @@ class MemoryStore(Store):
                 {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
             )
 
-    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
+    def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.Store.heartbeat`."""
         with self._round_trip("heartbeat") as now:
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
             self._replicas[info.id] = row
             self.open_claims = sum(1 for r in self._slots.values() if r.state == 0)
             return sorted(
-                {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
+                rid
+                for rid, r in self._replicas.items()
+                if replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now)
             )
 
     def stopped(self, replica_id: str) -> None:

@@ -54,9 +54,18 @@ def default_liveness_timeout_s(lease_s: float) -> float:
     return max(60.0, 2 * lease_s + 30)
 
 
+def live_within_us(heartbeat_us: int) -> int:
+    """How long after its last heartbeat a replica that beats every
+    ``heartbeat_us`` still counts as live: LIVE_HEARTBEATS of them plus
+    LIVE_SLACK_US (17 s at the default 5 s). The rule that uses it, for
+    sharing, the fleet, the controls and readiness: membership.replica_live."""
+    return LIVE_HEARTBEATS * heartbeat_us + LIVE_SLACK_US
+
+
 def default_readiness_timeout_s(lease_s: float) -> float:
     """Three heartbeat periods plus 2 s (``lease + 2 s`` for leases of 1.5 s
     and more; 17 s by default): a replica with nothing due still talks to
     the database at every sweep, and this is the rule by which the other
-    replicas count it live, so readiness and the fleet's view agree."""
-    return LIVE_HEARTBEATS * sweep_period_s(lease_s) + LIVE_SLACK_S
+    replicas count it live (:func:`live_within_us`), so readiness, sharing
+    and the fleet's view agree."""
+    return live_within_us(round(sweep_period_s(lease_s) * 1_000_000)) / 1_000_000

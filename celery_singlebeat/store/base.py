@@ -141,7 +141,7 @@ PAUSE_ALL = "*"
 
 #: a replica is live while its row is not stopped and was seen within
 #: LIVE_HEARTBEATS heartbeat periods plus LIVE_SLACK_US (timing.py, which the
-#: health probes' readiness bound shares)
+#: health probes' readiness bound shares; the rule: membership.replica_live)
 LIVE_HEARTBEATS = timing.LIVE_HEARTBEATS
 LIVE_SLACK_US = timing.LIVE_SLACK_US
 
@@ -343,10 +343,10 @@ class Store(ABC):
     def recent_owners(self, window_us: int) -> list[str]:
         """Replicas holding a slot row whose instant is less than ``window_us`` old.
 
-        The replicas that won a slot lately: the scheduler shares the entries
-        out among them (and itself). Only a hint for sharing the work, never for
-        deciding who sends a slot. A store that cannot tell returns ``[]``
-        (every replica then proposes every slot at once, as before).
+        The replicas that won a slot lately. Sharing no longer reads it (it
+        shares among the live replicas of :meth:`heartbeat`: a replica with
+        nothing due lately is still live); kept for callers of earlier
+        releases. A store that cannot tell returns ``[]``.
         """
         return []
 
@@ -363,18 +363,30 @@ class Store(ABC):
     #: counted them (None: not counted; a sweep then always tries a takeover)
     open_claims: int | None = None
 
-    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
-        """Record ``info`` in the replica's row and return :meth:`recent_owners`.
+    def heartbeat(self, info: ReplicaInfo) -> list[str]:
+        """Record ``info`` in the replica's row and return the live replicas.
 
         Upserts the row with ``seen_us`` = the database's now and clears its
-        ``stopped_us``; reads the control version into :attr:`controls_version`.
-        One round trip where the store can (PostgreSQL): the scheduler sends it
-        in place of its periodic :meth:`recent_owners`.
+        ``stopped_us``; reads the control version into :attr:`controls_version`
+        and the claimed-but-unsent rows into :attr:`open_claims`. Returns the
+        ids, sorted, of the replica rows that are live by
+        :func:`~celery_singlebeat.membership.replica_live` at the database's
+        now of this call, ``info.id`` always among them (its row was just
+        written: live by definition, whether or not the statement's read sees
+        its own write). One round trip where the store can (PostgreSQL,
+        SQLite). The scheduler shares its entries among these replicas.
+        This default keeps no replica rows and returns ``[]``: each replica
+        then counts itself alone and proposes every slot at once, as without
+        sharing (still each slot once).
         """
-        return self.recent_owners(window_us)
+        return []
 
     def stopped(self, replica_id: str) -> None:  # noqa: B027 - optional hook
-        """Mark the replica's row as gone (a graceful stop): ``stopped_us`` = now."""
+        """Mark the replica's row as gone (a graceful stop): ``stopped_us`` = now.
+
+        From this commit on, the row is no longer live (:meth:`heartbeat`
+        leaves it out), so the other replicas take over its share of the
+        entries at their next heartbeat, not after its row ages."""
 
     def publish_catalog(  # noqa: B027 - optional hook
         self, replica_id: str, entries: Sequence[CatalogEntry]

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
 from ..exceptions import ControlError
+from ..membership import replica_live
 from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from .fleet_statements import FleetDialect, status_entries
 from .schema import MAX_ENTRY_NAME
@@ -868,7 +869,7 @@ def _replica(row: Sequence[Any], now_us: int) -> ReplicaStatus:
     cat, lost_writes = row[12], int(row[13] or 0)
     if stopped is not None:
         state = STOPPED
-    elif int(seen) >= now_us - LIVE_HEARTBEATS * int(beat) - LIVE_SLACK_US:
+    elif replica_live(int(seen), int(beat), None, now_us):
         state = LIVE
     else:
         state = LOST

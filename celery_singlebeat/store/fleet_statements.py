@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .statements import _LITE_NOW, _MY_NOW, _PG_NOW
+from .statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
 
-#: a replica row is live (``base.LIVE_HEARTBEATS``, ``base.LIVE_SLACK_US``),
-#: with ``:beats`` and ``:slack_us`` bound to those constants
-_LIVE = "r.stopped_us IS NULL AND r.seen_us >= :now_us - :beats * r.heartbeat_us - :slack_us"
+#: a replica row ``r`` is live at the operation's instant (membership.py)
+_LIVE = live_replica(":now_us")
 
 # The state of an entry's newest slot row, as a code (fleet.py names it):
 # 0 claimed, 1 sent, 2 abandoned (its lease ran out unsent), 3 requested (a

@@ -74,7 +74,8 @@ class Tables:
             Index(f"ix_{prefix}slots_open", "state", "lease_until_us"),
             Index(f"ix_{prefix}slots_batch", "batch"),
             # range scans by slot instant: the prune's old sent rows, and the
-            # replicas that won a recent slot (work sharing, Store.recent_owners)
+            # replicas that won a recent slot (Store.recent_owners; work sharing
+            # reads the replica rows instead: membership.py)
             Index(f"ix_{prefix}slots_slot", "slot_us"),
         )
         # SingletonTask: one row per singleton key (see Store.acquire_lease)

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
+from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..redact import Secrets
 from ..timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from .base import (
@@ -482,7 +483,7 @@ class SqlStore(Store):
             self.controls_version = int(rows[0][-1])
         return rows
 
-    def heartbeat(self, info: ReplicaInfo, window_us: int) -> list[str]:
+    def heartbeat(self, info: ReplicaInfo) -> list[str]:
         params = {
             "id": info.id,
             "host": info.host,
@@ -494,7 +495,8 @@ class SqlStore(Store):
             "tracked": info.tracked,
             "first": info.proposes_first,
             "heartbeat_us": info.heartbeat_us,
-            "window_us": window_us,
+            "beats": LIVE_HEARTBEATS,
+            "slack_us": LIVE_SLACK_US,
             "catalog": self._catalogs.get(info.id),
             "lost_writes": info.lost_writes,
         }
@@ -502,19 +504,26 @@ class SqlStore(Store):
         def work(conn: Connection) -> list[Any]:
             if self.sql.heartbeat_read:
                 conn.execute(self.executor.text(self.sql.heartbeat), params)
-                return self._fetch(conn, self.sql.heartbeat_read, window_us=window_us)
+                return self._fetch(
+                    conn, self.sql.heartbeat_read, beats=LIVE_HEARTBEATS, slack_us=LIVE_SLACK_US
+                )
             return self._fetch(conn, self.sql.heartbeat, **params)
 
         rows = self.executor.run("heartbeat", work)
         if not rows:
-            return []
-        _now, version, open_claims, _owner = rows[0]
+            return [info.id]
+        _now, version, open_claims, _live = rows[0]
         self.controls_version = None if version is None else int(version)
         self.open_claims = int(open_claims)
         if self.backend == "sqlite":
-            # one row; the owners come as a JSON array
-            return sorted(str(o) for o in json.loads(rows[0][3] or "[]") if o is not None)
-        return sorted(str(r[3]) for r in rows if r[3] is not None)
+            # one row; the live replicas come as a JSON array
+            live = {str(r) for r in json.loads(rows[0][3] or "[]") if r is not None}
+        else:
+            live = {str(r[3]) for r in rows if r[3] is not None}
+        # PostgreSQL's read does not see the upsert of its own statement (one
+        # snapshot): a first heartbeat, or the first after a stop, would miss
+        # the row it has just made live.
+        return sorted(live | {info.id})
 
     def stopped(self, replica_id: str) -> None:
         self.executor.run(

@@ -43,7 +43,8 @@ class Dialect:
     meta_insert: str
     recent_owners: str
     #: upsert the replica's row and read (now, controls version, open claims,
-    #: recent owner); with ``heartbeat_read`` set, the read is a second statement
+    #: live replica: ``live_replica``); with ``heartbeat_read`` set, the read is
+    #: a second statement
     heartbeat: str
     heartbeat_read: str
     stopped: str
@@ -76,6 +77,18 @@ class Dialect:
             for field in self.__dataclass_fields__
         }
         return Dialect(**values)
+
+
+def live_replica(now: str, alias: str = "r") -> str:
+    """:func:`celery_singlebeat.membership.replica_live` in SQL: the replicas
+    table's row ``alias`` is live at ``now`` (an SQL expression of the
+    database's clock). Binds ``:beats`` and ``:slack_us``, which the store sets
+    to ``LIVE_HEARTBEATS`` and ``LIVE_SLACK_US``: every statement that judges
+    liveness (the heartbeat here, the fleet's in fleet_statements.py) uses it."""
+    return (
+        f"{alias}.stopped_us IS NULL"
+        f" AND {alias}.seen_us >= {now} - :beats * {alias}.heartbeat_us - :slack_us"
+    )
 
 
 _PG_NOW = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT))"
@@ -222,9 +235,9 @@ POSTGRESQL = Dialect(
                 stopped_us = NULL
             RETURNING 1
         )
-        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.owner
+        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id
         FROM n LEFT JOIN (
-            SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
+            SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
         ) o ON true""",
     heartbeat_read="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_PG_NOW} WHERE id = :id",
@@ -360,9 +373,9 @@ MYSQL = Dialect(
             proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
             version = VALUES(version), stopped_us = NULL""",
     heartbeat_read=f"""
-        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.owner
+        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id
         FROM (SELECT 1 AS one) d LEFT JOIN (
-            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
+            SELECT lr.id FROM {{r}} lr WHERE {live_replica(_MY_NOW, "lr")}
         ) o ON true""",
     stopped=f"UPDATE {{r}} SET stopped_us = {_MY_NOW} WHERE id = :id",
     catalog_header=f"""
@@ -485,8 +498,8 @@ SQLITE = Dialect(
             tracked = excluded.tracked, proposes_first = excluded.proposes_first,
             heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
         RETURNING seen_us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
-            (SELECT json_group_array(owner) FROM (SELECT DISTINCT owner FROM {{s}}
-             WHERE slot_us > {_LITE_NOW} - :window_us))""",
+            (SELECT json_group_array(lr.id) FROM {{r}} lr
+             WHERE {live_replica(_LITE_NOW, "lr")})""",
     heartbeat_read="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
     catalog_header=f"""

@@ -32,9 +32,15 @@ from harness import (
 )
 
 from celery_singlebeat.clock import us_to_datetime
+from celery_singlebeat.sharing import FALLBACK_DELAY_US, first_replicas
 from celery_singlebeat.slots import slot_task_id
 
-ENTRIES = 5
+#: each replica proposes the entries it is first for at once and the others
+#: 250 ms later (rendezvous hashing of the replica ids, whose split is
+#: binomial): with 24 entries over 3 replicas, one with no entry of its own,
+#: which then never sends while the others keep up, is a 1-in-5,000 draw
+#: (with 5 entries it was 2 in 5)
+ENTRIES = 24
 PERIOD = 1.0
 PERIOD_US = int(PERIOD * US)
 #: short lease so an abandoned claim is taken over within seconds
@@ -331,3 +337,78 @@ def test_log_names_replica_slot_and_task_id_and_masks_the_password(
         assert at.endswith("Z") and at[:23] in us_to_datetime(message.at_us).isoformat(
             timespec="milliseconds"
         )
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_gracefully_stopped_replica_hands_its_share_over_at_the_next_heartbeat(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str
+) -> None:
+    """Three replicas share 12 entries; one is stopped (SIGTERM). Its row is
+    marked stopped as it closes, so the two others drop it at their next
+    heartbeat (every lease/3: 1 s here) and propose its entries first from then
+    on: its slots leave at their instant, not the fallback delay (250 ms) after
+    it, although its slot rows and heartbeat are only a second old (sharing by
+    slot rows under 10 s old kept its share behind the fallback for 10 s)."""
+    entries = 12
+    reader, db, env = rig.fleet(
+        f"{redis_url}/4",
+        pg_url,
+        table_prefix,
+        SB_ENTRIES=str(entries),
+        SB_EVERY=str(PERIOD),
+        SB_LEASE=str(LEASE),
+        SB_LOOP="1",
+    )
+    beats, anchors = _start_replicas(rig, env, db, 3, entries)
+    wait_for(
+        lambda: all(b.lines("sees 3 live replica(s)") for b in beats),
+        15,
+        "every replica to see the three live",
+        interval=0.2,
+    )
+    ids = {b.name: b.replica_id() for b in beats}
+    live = sorted(str(i) for i in ids.values())
+    first = first_replicas(anchors, live)
+    # the victim: the replica with the most entries of its own (its ids decide)
+    victim = max(beats, key=lambda b: sum(1 for r in first.values() if r == ids[b.name]))
+    survivors = [b for b in beats if b is not victim]
+    share = {e for e, r in first.items() if r == ids[victim.name]}
+    assert share, (anchors, live)
+
+    victim.stop()
+    stopped_us = db.now_us()
+    assert victim.proc.returncode == 0, victim.log()
+    wait_for(
+        lambda: all(b.lines("sees 2 live replica(s)") for b in survivors),
+        # a heartbeat each (1 s), and slack for a loaded machine: half of the
+        # 10 s that sharing among recent slot owners took
+        5.0,
+        "the survivors to drop the stopped replica",
+        interval=0.1,
+    )
+    # Its entries' slots from 2 s after the stop (a heartbeat and a tick) over 5 s
+    since_us, upto_us = stopped_us + 2 * US, stopped_us + 7 * US
+    _wait_db_time(db, upto_us + US, survivors)
+    out = collect(
+        rig, reader, db, anchors, PERIOD_US, beats=beats, alive=survivors, timeout=LEASE + 10
+    )
+    report = check_slots(out.messages, out.expected, out.upto_us, out.rows, out.published)
+    assert not report.problems, "\n".join(report.problems) + "\n" + rig.group.outputs()
+    theirs = [
+        row
+        for (entry, slot_us), row in out.rows.items()
+        if entry in share and since_us <= slot_us <= upto_us
+    ]
+    assert len(theirs) >= 4 * len(share), theirs
+    assert all(row.state == 1 and row.owner != ids[victim.name] for row in theirs), theirs
+    delays = sorted(row.claimed_us - row.slot_us for row in theirs)
+    on_time = [d for d in delays if d < FALLBACK_DELAY_US]
+    # A first proposer claims within a few ms; a fallback never before 250 ms.
+    # Three in four leave room for a starved tick on a loaded machine.
+    assert len(on_time) >= 0.75 * len(delays), delays
+    print(
+        f"{len(share)} of {entries} entries were the stopped replica's; their "
+        f"{len(delays)} slots 2-7 s after the stop claimed {delays[len(delays) // 2] / 1000:.1f} "
+        f"ms after their instant (median), {len(on_time)} before the fallback delay"
+    )

@@ -26,6 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_scheduler.py"
 SCALE = ROOT / "benchmarks" / "bench_scale.py"
+SHARING = ROOT / "benchmarks" / "bench_sharing.py"
 SINGLETON = ROOT / "benchmarks" / "bench_singleton.py"
 COMPARE = ROOT / "benchmarks" / "compare_failures.py"
 LOAD = ROOT / "benchmarks" / "bench_load.py"
@@ -272,3 +273,32 @@ def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_p
         assert replica["statements"] > 0 and replica["cpu_s"] > 0, replica
         assert replica["slots_sent"] > 0 and replica["peak_rss_mb"] > 0, replica
     assert sum(r["slots_sent"] for r in replicas) == slots["due"]
+
+
+def test_quick_sharing_run_prints_every_table(tmp_path: Path) -> None:
+    """In-process, no service: the positional deal and rendezvous side by side."""
+    out = tmp_path / "sharing.json"
+    result = subprocess.run(
+        [sys.executable, str(SHARING), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for title in ("Balance", "Moves", "Cost of one deal"):
+        assert title in result.stdout, title
+    results = json.loads(out.read_text())
+    assert [(b["entries"], b["replicas"]) for b in results["balance"]] == [
+        (1000, 3),
+        (1000, 10),
+        (100_000, 3),
+        (100_000, 10),
+    ]
+    for row in results["moves"]:
+        now, before = row["rendezvous (now)"], row["positional (before)"]
+        assert now["entry added"] == now["entry removed"] == 0
+        # a replica added or removed moves about its own share, 1/k of them
+        assert now["replica removed"] < 1.5 * row["entries"] / row["replicas"]
+        assert before["entry added"] > 0
+    assert all(c["rendezvous (now)"]["bucket_owners_ms"] > 0 for c in results["cost"])

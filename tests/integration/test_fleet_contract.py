@@ -109,13 +109,13 @@ def test_heartbeat_records_the_replica_and_reads_the_control_version(
     now = store.ping()
     store.register(["a"], "r1")
     store.claim("r1", [SlotKey("a", now)], LONG_LEASE)
-    owners = store.heartbeat(info("r1", now), 60 * US)
-    assert owners == ["r1"]
+    live = store.heartbeat(info("r1", now))
+    assert live == ["r1"]
     before = store.controls_version
     assert before is not None
     assert store.open_claims == 1  # type: ignore[attr-defined]
     operator.pause("a")
-    store.heartbeat(info("r1", now), 60 * US)
+    store.heartbeat(info("r1", now))
     assert store.controls_version == before + 1
     # the claim reads it too, where the store can fold it in
     operator.resume("a")
@@ -178,7 +178,7 @@ def test_a_run_now_row_goes_only_to_a_replica_whose_catalog_has_the_entry(
 
 def test_publish_catalog_replaces_the_replica_s_entries(backend: Backend) -> None:
     store = backend.ready()
-    store.heartbeat(info("r1", store.ping()), 60 * US)
+    store.heartbeat(info("r1", store.ping()))
     store.publish_catalog("r1", catalog("a", "b"))
     store.publish_catalog("r1", catalog("b", "c"))
     if isinstance(store, MemoryStore):
@@ -198,7 +198,7 @@ def test_replicas_with_the_same_entries_share_one_catalog(backend: Backend) -> N
     entries = catalog("a", "b", "c")
     store.publish_catalog("r1", entries)
     for rid in ("r1", "r2", "r3"):
-        store.heartbeat(info(rid, store.ping()), 60 * US)
+        store.heartbeat(info(rid, store.ping()))
     store.publish_catalog("r2", list(reversed(entries)))  # the order does not matter
     store.publish_catalog("r3", entries)
     if isinstance(store, MemoryStore):  # each replica's catalog as given
@@ -218,7 +218,7 @@ def test_replicas_with_the_same_entries_share_one_catalog(backend: Backend) -> N
 def test_stopped_marks_the_row(backend: Backend) -> None:
     store = backend.ready()
     now = store.ping()
-    store.heartbeat(info("r1", now), 60 * US)
+    store.heartbeat(info("r1", now))
     store.stopped("r1")
     if isinstance(store, MemoryStore):
         assert store.replica_rows()["r1"]["stopped_us"] is not None
@@ -228,6 +228,6 @@ def test_stopped_marks_the_row(backend: Backend) -> None:
         row = conn.execute(store.tables.replicas.select()).one()
     assert row.stopped_us is not None and row.stopped_us >= now
     assert (row.host, row.pid, row.version, row.tracked) == ("host", 42, "1.2.3", 5)
-    store.heartbeat(info("r1", now), 60 * US)
+    store.heartbeat(info("r1", now))
     with store.engine.connect() as conn:
         assert conn.execute(store.tables.replicas.select()).one().stopped_us is None

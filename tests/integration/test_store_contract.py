@@ -26,7 +26,8 @@ from sqlalchemy.engine import make_url
 
 from celery_singlebeat.clock import US
 from celery_singlebeat.exceptions import SchemaError
-from celery_singlebeat.store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Store
+from celery_singlebeat.membership import live_within_us
+from celery_singlebeat.store.base import EARLY_TOLERANCE_US, Claim, ReplicaInfo, SlotKey, Store
 from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
@@ -568,7 +569,47 @@ def round_trips(store: Store) -> int:
     return store.round_trips
 
 
-# -- recent owners (work sharing) ---------------------------------------------
+# -- live replicas (work sharing, the fleet) ----------------------------------
+
+
+def _beat(store: Store, rid: str, heartbeat_us: int = 5 * US) -> list[str]:
+    now = store.clock.now_us()
+    return store.heartbeat(ReplicaInfo(rid, "host", 1, "1.0", now, now, 0, 1, 1, heartbeat_us))
+
+
+def test_heartbeat_reads_the_live_replicas_by_the_one_rule(
+    backend: Backend,
+) -> None:
+    """Live: a row not stopped, seen within 3 of its heartbeats + 2 s
+    (membership.replica_live), on the database's clock; sharing, the fleet's
+    status and the controls all count by it."""
+    store = backend.ready()
+    # its own row counts at once, though PostgreSQL's read cannot see the write
+    assert _beat(store, "r1") == ["r1"]
+    assert _beat(store, "r2") == ["r1", "r2"]
+    _beat(store, "r3")
+    store.stopped("r3")  # a graceful stop: out at once, though seen just now
+    _beat(store, "quick", heartbeat_us=1)  # live for 2 s (+3 µs) after it was seen
+    seen = store.ping()
+    before = round_trips(store)
+    assert _beat(store, "r1") == ["quick", "r1", "r2"]
+    # MariaDB has no RETURNING nor writing CTE: the upsert, then the read
+    assert round_trips(store) - before == (2 if backend.kind == "mysql" else 1)
+    if isinstance(store, SqlStore):  # the fleet's view agrees (status, controls)
+        from celery_singlebeat.store.fleet import LIVE, Fleet
+
+        states = {r.id: r.state for r in Fleet(store).replicas()}
+        assert sorted(rid for rid, state in states.items() if state == LIVE) == [
+            "quick",
+            "r1",
+            "r2",
+        ]
+    wait_db_past(store, seen + live_within_us(1))  # "quick" is now lost: a paused process
+    assert _beat(store, "r2") == ["r1", "r2"]
+    assert store.recent_owners(10 * US) == []  # no slot rows: sharing no longer needs them
+
+
+# -- recent owners (kept for callers; sharing reads the live replicas) ---------
 
 
 def test_recent_owners_are_the_holders_of_recent_slot_rows_in_one_round_trip(

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone, tzinfo
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +37,7 @@ from kombu.simple import SimpleQueue
 
 from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.sharing import first_replicas
 from celery_singlebeat.slots import SLOT_HEADER, sequence_for
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
 
@@ -248,7 +249,10 @@ class Fleet:
         self.replicas: list[MemoryScheduler] = []
 
     def add(self, store: Any = None) -> MemoryScheduler:
+        """A replica named ``r<n>``: fixed ids make the split of the entries
+        among the replicas (rendezvous hashing of the ids) the same each run."""
         replica = MemoryScheduler(self.app, store=store or self.store)
+        replica.settings = replace(replica.settings, replica_id=f"r{len(self.replicas)}")
         self.replicas.append(replica)
         return replica
 
@@ -401,7 +405,12 @@ def test_a_day_around_the_change_three_replicas_sleeping_as_beat_does(
     run_as_beat(fleet, end_us)
     expected = expected_slots(schedules, change.tz, datetime_to_us(start), end_us)
     assert_sent_exactly(fleet.drain(), expected)
-    assert all(r.stats["sent"] > 0 for r in fleet.replicas)  # the work was shared
+    # the work was shared: every replica that proposes some entries first sent
+    # (here 2, 1 and 4 of the 7 entries: the split is the ids' rendezvous)
+    ids = sorted(r.settings.replica_id for r in fleet.replicas)
+    shares = Counter(first_replicas(schedules, ids).values())
+    assert len(shares) == 3
+    assert all(r.stats["sent"] > 0 for r in fleet.replicas if shares[r.settings.replica_id])
     assert sum(r.stats["skipped"] for r in fleet.replicas) == 0
 
 

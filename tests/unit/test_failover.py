@@ -189,17 +189,17 @@ def test_a_share_dealt_anew_during_the_hold_is_judged_as_of_its_start(
 ) -> None:
     """r0 dies; its share goes out through the others' fallbacks. Then the
     connection breaks and the fallbacks are held (7 s). While they are, r0's
-    last slot row ages out of the live window (10 s), the entries are dealt
-    out anew and r0's share moves to the entries r1 and r2 propose first,
+    heartbeat row stops being live (3 heartbeats + 2 s: 17 s), the entries are
+    dealt out anew and r0's share moves to the entries r1 and r2 propose first,
     which no hold delays. The slots the hold kept back are judged as of its
     start there too: none is dropped as missed for a delay of our own."""
     harness, shift, replicas, share, start_us = _dead_replicas_share(
         harness_for, monkeypatch, caplog, "coalesce"
     )
-    # r0 is dead: the fallbacks send its share. Its last row ages out of the
-    # live window 10 s after it won it: 3 s here, 6 s into the 7 s hold, more
-    # than the grace (5 s) after the hold began
-    before = 3
+    # r0 is dead: the fallbacks send its share. Its row stops being live 17 s
+    # after its last heartbeat: 11 s here, 6 s into the 7 s hold, more than
+    # the grace (5 s) after the hold began
+    before = 11
     _rounds(harness, shift, replicas, before)
     harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
     rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3

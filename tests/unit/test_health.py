@@ -24,10 +24,10 @@ import pytest
 from test_scheduler import Harness, every, harness_for  # noqa: F401 - fixture
 
 import celery_singlebeat
-from celery_singlebeat import ConfigurationError, health, scheduler
+from celery_singlebeat import ConfigurationError, health, membership, scheduler
 from celery_singlebeat.config import Settings
 from celery_singlebeat.health import Health, Status, liveness, readiness
-from celery_singlebeat.store import base, sql
+from celery_singlebeat.store import sql
 from celery_singlebeat.telemetry import NOTHING, Fanout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,10 +127,17 @@ def test_the_bounds_copy_what_the_scheduler_and_the_store_do(
     harness_for: Callable[..., Harness],  # noqa: F811
 ) -> None:
     """health.py cannot import them (the exec probe would pay for it): its
-    copies must stay what the loop really does."""
+    copies must stay what the loop really does. Readiness's bound is the
+    window of the rule of a live replica (membership.replica_live): a replica
+    is ready exactly as long as the others count it live."""
     assert health.OUTAGE_BACKOFF_MAX_S == scheduler.BACKOFF_MAX
-    assert health.LIVE_HEARTBEATS == base.LIVE_HEARTBEATS
-    assert health.LIVE_SLACK_S * 1_000_000 == base.LIVE_SLACK_US
+    for lease in (1.0, 15.0, 60.0):
+        sweep_us = round(health.sweep_period_s(lease) * 1_000_000)
+        bound_us = health.default_readiness_timeout_s(lease) * 1_000_000
+        assert round(bound_us) == membership.live_within_us(sweep_us)
+        seen_us = 10**15  # the fleet calls a replica seen that long ago live too
+        assert membership.replica_live(seen_us, sweep_us, None, seen_us + round(bound_us))
+        assert not membership.replica_live(seen_us, sweep_us, None, seen_us + round(bound_us) + 1)
     for url in ("postgresql+psycopg://h/db", "mysql+pymysql://h/db"):
         from sqlalchemy.engine import make_url
 

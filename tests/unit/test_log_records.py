@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from celery_singlebeat import decisions
 from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US
 from celery_singlebeat.decisions import FIELDS
+from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.singleton.runtime import runtime_for
 from celery_singlebeat.slots import slot_task_id
 from celery_singlebeat.store.base import Lease, SlotKey
@@ -106,7 +108,11 @@ def test_a_won_slot_and_a_lost_one_at_debug(
     b.tick()
     harness.clock.advance(SECOND)
     a.tick()
-    b.tick()  # the same slot: a won it
+    b.tick()  # the same slot: a won it ...
+    # ... and b lost it, at the slot if it is the entry's first replica, after
+    # the fallback delay otherwise (b sees a live: their random ids decide)
+    harness.clock.advance(timedelta(microseconds=FALLBACK_DELAY_US))
+    b.tick()
     [won] = decided(caplog, decisions.WON)
     assert (won.name, won.levelno) == ("celery_singlebeat.scheduler", logging.INFO)
     assert fields(won) == slot("won", a.settings.replica_id, "job", t0 + US, fence=1)

@@ -17,7 +17,7 @@ import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from kombu.simple import SimpleQueue
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler, signals
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 from celery_singlebeat.exceptions import StoreUnavailable
+from celery_singlebeat.sharing import first_replicas
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
 from celery_singlebeat.store.base import Claim, SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
@@ -196,6 +197,11 @@ def test_two_replicas_sharing_a_store_never_send_the_same_slot(
     harness = harness_for({"fast": every(1), "slow": every(3), "odd": every(1.5)})
     t0 = harness.t0_us
     replicas = [harness.replica(), harness.replica()]
+    # fixed ids: each is the first replica of some entries (rendezvous hashing
+    # of the ids; random ids give one replica all three a quarter of the time)
+    for i, replica in enumerate(replicas):
+        replica.settings = replace(replica.settings, replica_id=f"r{i}")
+    assert set(first_replicas(["fast", "slow", "odd"], ("r0", "r1")).values()) == {"r0", "r1"}
     order = random.Random(7)
     for _ in range(80):
         # both see the same due slots; the order decides who proposes first
