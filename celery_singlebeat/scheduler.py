@@ -1078,9 +1078,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         whatever hold follows it. Without it, a restart's hold cut short by an
         outage (or a failover) dropped a dead or paused replica's share due in
         the hold, as missed: the chaos run's seeds 2 and 6 lost 2 and 6 slots
-        so. Up to the moment the break was noticed, not the last answer: a
-        replica that proposes nothing first may not have asked the database
-        anything for a sweep interval, and the slots held meanwhile were ours.
+        so. Up to the moment the break was noticed (or the hold's end, if that
+        came first), not the last answer: a replica that proposes nothing
+        first may not have asked the database anything for a sweep interval,
+        and the slots held meanwhile were held by us.
         """
         if not self._answering:
             return  # still the same break (an outage's retries)
@@ -1090,8 +1091,10 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             return
         now_us = store.clock.now_us()
         judged_us = self._judged_at(now_us)
-        if judged_us is not None and (not self._kept or self._kept[-1][1] < judged_us):
-            self._kept.append((judged_us, now_us))
+        if judged_us is None or (self._kept and self._kept[-1][1] >= judged_us):
+            return
+        hold_end_us = judged_us + int(hold_seconds(self._sweep_every) * US)
+        self._kept.append((judged_us, min(now_us, hold_end_us)))
 
     def _forget_kept(self) -> None:
         """Drop the spans of kept slots every entry has planned past (both heaps
