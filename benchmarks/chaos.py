@@ -121,6 +121,7 @@ from harness import (  # noqa: E402
 import celery_singlebeat  # noqa: E402
 from celery_singlebeat.slots import slot_task_id  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
+from celery_singlebeat.store.sql import RECONNECT_WINDOW_S  # noqa: E402
 
 US = 1_000_000
 TASK = "singletonapp.slot_probe"
@@ -178,6 +179,15 @@ HOLD_AT = re.compile(
     r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): \w+/MainProcess\] singlebeat: (?:replica \S+ "
     r"reconnected to the database; its fallback proposals and sweeps wait|the database "
     r"lost .*?fallback proposals and sweeps wait) (?P<s>[\d.]+)s",
+    re.M,
+)
+#: a replica's outage as it logs it: the ERROR when a statement could not reach
+#: the database (after the store's reconnect window); the replica sends nothing
+#: from then until it reconnects (its next HOLD_AT line), which its backoff may
+#: put up to 10 s after the database is back
+UNREACHABLE_AT = re.compile(
+    r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): ERROR/MainProcess\] singlebeat: database \S+ "
+    r"unreachable \(",
     re.M,
 )
 #: a slot is counted against a failover when its instant is this close to it:
@@ -599,6 +609,8 @@ class Chaos:
         self.lives: dict[str, Life] = {}
         #: each beat process's holds after a broken connection (read_holds)
         self.holds: dict[str, list[tuple[int, int]]] = {}
+        #: each beat process's own outages (read_outages)
+        self.outages: dict[str, list[tuple[int, int | None]]] = {}
         #: slot rows written back after a failover (slot_rows)
         self.written_back: set[tuple[str, int]] = set()
 
@@ -1137,10 +1149,37 @@ class Chaos:
                 holds.setdefault(proc.name, []).append((at_us, at_us + int(float(m["s"]) * US)))
         return holds
 
-    def claimed_by(self, name: str, slot_us: int, end_us: int) -> int:
+    @staticmethod
+    def read_outages(
+        beat_logs: list[tuple[BeatProcess, str]],
+    ) -> dict[str, list[tuple[int, int | None]]]:
+        """Each beat process's own outages, (start, reconnect or None) on the
+        database's clock: from the store's reconnect window before its
+        "unreachable" ERROR to its next reconnect (:data:`HOLD_AT`). A process
+        retrying with backoff sends nothing, though the database may be back
+        for everyone else, a process that started meanwhile included."""
+        outages: dict[str, list[tuple[int, int | None]]] = {}
+        for proc, text in beat_logs:
+            back = [at_us for at_us, _ in logged_at(HOLD_AT, text)]
+            for at_us, _ in logged_at(UNREACHABLE_AT, text):
+                reconnect = next((b for b in back if b > at_us), None)
+                start = at_us - int(RECONNECT_WINDOW_S * US)
+                outages.setdefault(proc.name, []).append((start, reconnect))
+        return outages
+
+    def claimed_by(self, name: str, slot_us: int, end_us: int) -> int | None:
         """When process ``name`` must still run to have claimed ``slot_us``
         as a fallback: ``end_us``, or just after a hold that kept its fallback
-        proposals back over the slot (they go out when it ends)."""
+        proposals back over the slot (they go out when it ends). Retrying
+        after a database outage at the slot (:meth:`read_outages`), it
+        proposes the slot once it reconnects, then as a fallback after the
+        hold that follows; None if it came back too late for the slot to be
+        on time then (the missed-run policy's) or never."""
+        for down, back in self.outages.get(name, ()):
+            if down <= end_us and (back is None or back > slot_us - ROLL_SETTLE_US):
+                if back is None or back - slot_us > GRACE_US - OUTAGE_EDGE_US:
+                    return None
+                end_us = max(end_us, back + ROLL_CLAIM_US)
         for start, end in self.holds.get(name, ()):
             if start <= end_us and end > slot_us:
                 end_us = max(end_us, end + ROLL_CLAIM_US)
@@ -1149,11 +1188,14 @@ class Chaos:
     def version_ran(self, version: str, start_us: int, end_us: int, upto_us: int) -> bool:
         """A beat process of ``version`` was connected and running (not paused,
         not yet stopped) throughout ``[start_us, end_us]``, or past the end of
-        a hold over that time (:meth:`claimed_by`)."""
+        a hold over that time or of an outage of its own and the hold after it
+        (:meth:`claimed_by`)."""
         for name, life in self.lives.items():
             if life.version != version or not life.connected_us:
                 continue
             needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us)
+            if needed_us is None:
+                continue
             if life.connected_us > start_us or (life.ended_us or upto_us) < needed_us:
                 continue
             paused = any(
@@ -1316,6 +1358,7 @@ class Chaos:
         rows = self.slot_rows()
         beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
         self.holds = self.read_holds(beat_logs)
+        self.outages = self.read_outages(beat_logs)
         required, optional = self.expected(upto_us)
         done = self.executions()
         windows = self.db_windows(rows)
