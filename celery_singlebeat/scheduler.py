@@ -218,6 +218,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         #: tick reached the database (the next failure is then a new break)
         self._kept: list[KeptSpan] = []
         self._answering = False
+        #: the database's clock (estimated) when the current tick began
+        self._tick_us: int | None = None
         #: slots this replica may still hold in the store without working on them,
         #: so that winning one back is not mistaken for a takeover: key -> (fence
         #: it released them at, or None when a claim's answer was lost; when).
@@ -452,6 +454,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _tick(self) -> float:
         store = self._store
         assert store is not None
+        self._tick_us = store.clock.now_us()
         monotonic = time.monotonic()
         if self.settings.listen:
             self._poll_controls(monotonic)
@@ -1078,23 +1081,25 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         whatever hold follows it. Without it, a restart's hold cut short by an
         outage (or a failover) dropped a dead or paused replica's share due in
         the hold, as missed: the chaos run's seeds 2 and 6 lost 2 and 6 slots
-        so. Up to the moment the break was noticed (or the hold's end, if that
-        came first), not the last answer: a replica that proposes nothing
-        first may not have asked the database anything for a sweep interval,
-        and the slots held meanwhile were held by us.
+        so. Up to the start of the tick that met the break (or the hold's
+        end, if that came first): not its last answer, since a replica that
+        proposes nothing first may not have asked the database anything for a
+        sweep interval and the slots held meanwhile were held by us; nor the
+        failure itself, which may come after a reconnect window (2 s) or a
+        statement timeout (15 s), slots of the break's own.
         """
         if not self._answering:
             return  # still the same break (an outage's retries)
         self._answering = False
         store = self._store
-        if store is None:
+        if store is None or self._tick_us is None:
             return
-        now_us = store.clock.now_us()
-        judged_us = self._judged_at(now_us)
+        at_us = self._tick_us
+        judged_us = self._judged_at(at_us)
         if judged_us is None or (self._kept and self._kept[-1][1] >= judged_us):
             return
         hold_end_us = judged_us + int(hold_seconds(self._sweep_every) * US)
-        self._kept.append((judged_us, min(now_us, hold_end_us)))
+        self._kept.append((judged_us, min(at_us, hold_end_us)))
 
     def _forget_kept(self) -> None:
         """Drop the spans of kept slots every entry has planned past (both heaps
