@@ -1167,15 +1167,18 @@ class Chaos:
                 outages.setdefault(proc.name, []).append((start, reconnect))
         return outages
 
-    def claimed_by(self, name: str, slot_us: int, end_us: int) -> int | None:
+    def claimed_by(
+        self, name: str, slot_us: int, end_us: int, own_outages: bool = False
+    ) -> int | None:
         """When process ``name`` must still run to have claimed ``slot_us``
         as a fallback: ``end_us``, or just after a hold that kept its fallback
-        proposals back over the slot (they go out when it ends). Retrying
-        after a database outage at the slot (:meth:`read_outages`), it
-        proposes the slot once it reconnects, then as a fallback after the
-        hold that follows; None if it came back too late for the slot to be
-        on time then (the missed-run policy's) or never."""
-        for down, back in self.outages.get(name, ()):
+        proposals back over the slot (they go out when it ends). With
+        ``own_outages``: retrying after a database outage at the slot
+        (:meth:`read_outages`), it proposes the slot once it reconnects, then
+        as a fallback after the hold that follows; None if it came back too
+        late for the slot to be on time then (the missed-run policy's) or
+        never."""
+        for down, back in self.outages.get(name, ()) if own_outages else ():
             if down <= end_us and (back is None or back > slot_us - ROLL_SETTLE_US):
                 if back is None or back - slot_us > GRACE_US - OUTAGE_EDGE_US:
                     return None
@@ -1185,15 +1188,17 @@ class Chaos:
                 end_us = max(end_us, end + ROLL_CLAIM_US)
         return end_us
 
-    def version_ran(self, version: str, start_us: int, end_us: int, upto_us: int) -> bool:
+    def version_ran(
+        self, version: str, start_us: int, end_us: int, upto_us: int, own_outages: bool = False
+    ) -> bool:
         """A beat process of ``version`` was connected and running (not paused,
         not yet stopped) throughout ``[start_us, end_us]``, or past the end of
-        a hold over that time or of an outage of its own and the hold after it
-        (:meth:`claimed_by`)."""
+        a hold over that time; with ``own_outages``, also past the end of an
+        outage of its own and of the hold after it (:meth:`claimed_by`)."""
         for name, life in self.lives.items():
             if life.version != version or not life.connected_us:
                 continue
-            needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us)
+            needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us, own_outages)
             if needed_us is None:
                 continue
             if life.connected_us > start_us or (life.ended_us or upto_us) < needed_us:
@@ -1375,6 +1380,28 @@ class Chaos:
         def in_window(slot: tuple[str, int]) -> DbWindow | None:
             return next((w for w in windows if w.contains(slot)), None)
 
+        # An instant only version 2 has, outside the outages' windows, whose
+        # replicas of that version were all still retrying after an outage
+        # (their backoff outlasts it) or held after reconnecting when they
+        # stopped: their stop's edge, either is right. Inside a window it
+        # stays the missed-run policy's, as before.
+        assert self.db is not None
+        roll_anchor = self.db.anchors().get(ROLL, 0)
+
+        def every_1s_only(slot: tuple[str, int]) -> bool:
+            return slot[0] == ROLL and (slot[1] - roll_anchor) % ROLL_PERIOD_US["1"] != 0
+
+        for slot in sorted(required):
+            if not every_1s_only(slot) or in_window(slot):
+                continue
+            at_us = slot[1]
+            if not self.version_ran(
+                "2", at_us - ROLL_SETTLE_US, at_us + ROLL_CLAIM_US, upto_us, True
+            ):
+                required.discard(slot)
+                if self.version_may_have_run("2", at_us, upto_us):
+                    optional.add(slot)
+
         report = Report(
             config={k: str(v) for k, v in asdict(self.config).items()},
             machine=self.machine,
@@ -1396,9 +1423,8 @@ class Chaos:
         report.due = len(required)
         report.optional_due = len(optional)
         report.optional_executed = sum(1 for s in optional if s in done)
-        report.roll_required = sum(
-            1 for s in required if s[0] == ROLL and s[1] % ROLL_PERIOD_US["1"] != 0
-        )
+        # counted from the anchor: the slots are not whole seconds since the epoch
+        report.roll_required = sum(1 for s in required if every_1s_only(s))
         counted = {s for s in rows if s[1] <= upto_us}
         report.sent = sum(1 for s in counted if rows[s][0] == 1)
         report.taken_over = sum(1 for s in counted if rows[s][2] > 1)
