@@ -333,11 +333,22 @@ def resp_commands(data: bytes) -> Iterable[list[bytes]]:
 def celery_gave_up(log: str) -> str | None:
     """The error of a worker's log that ends in Celery's own "Unrecoverable
     error" raised outside celery_singlebeat (no frame of the package in its
-    traceback); None for any other exit, which stays a failure of the run."""
+    traceback); None for any other exit, which stays a failure of the run.
+    Its traceback ends at the next log record: what the pool's children log
+    after it (a task that failed on the same broker restart, through the
+    package's frames) is not part of the main process's error."""
     at = log.rfind(UNRECOVERABLE)
-    if at < 0 or PACKAGE_FRAME in log[at:]:
+    if at < 0:
         return None
-    return log[at + len(UNRECOVERABLE) :].splitlines()[0]
+    first, *rest = log[at + len(UNRECOVERABLE) :].splitlines()
+    traceback = []
+    for line in rest:
+        if line.startswith("["):
+            break
+        traceback.append(line)
+    if any(PACKAGE_FRAME in line for line in traceback):
+        return None
+    return first
 
 
 # -- the run's record ----------------------------------------------------------------

@@ -231,6 +231,18 @@ def test_a_worker_celery_gave_up_on_is_told_from_one_the_package_broke() -> None
     assert chaos.celery_gave_up(ours) is None
     # so does any other exit: a crash, a SystemExit, a kill
     assert chaos.celery_gave_up("[...] worker: Warm shutdown (MainProcess)\n") is None
+    # a child's task failing on the same broker restart, logged after it
+    # through the package's frames, is not the main process's error (a seed-1
+    # run stopped so, both workers at once, at 94e2301)
+    child = (
+        "[2026-12-04 00:16:19,600: WARNING/ForkPoolWorker-1] Task singletonapp.slot_probe"
+        "[81ac1d5a] reject requeue=False: Error 111 connecting to 127.0.0.1:59541.\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{ROOT / "celery_singlebeat" / "singleton" / "task.py"}", line 373, in _busy\n'
+        "celery.exceptions.Reject: (OperationalError('Error 111'), False)\n"
+    )
+    assert chaos.celery_gave_up(KOMBU_EXIT + child) == reason
+    assert chaos.celery_gave_up(ours + child) is None
 
 
 def _resp(*args: bytes) -> bytes:
