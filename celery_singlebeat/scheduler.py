@@ -1080,8 +1080,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         hold's start (_kept) after the reconnect, however long the break and
         whatever hold follows it. Without it, a restart's hold cut short by an
         outage (or a failover) dropped a dead or paused replica's share due in
-        the hold, as missed: the chaos run's seeds 2 and 6 lost 2 and 6 slots
-        so. Up to the start of the tick that met the break (or the hold's
+        the hold, as missed: the chaos run lost 1 slot so on seed 2 and 6 on
+        seed 6. Up to the start of the tick that met the break (or the hold's
         end, if that came first): not its last answer, since a replica that
         proposes nothing first may not have asked the database anything for a
         sweep interval and the slots held meanwhile were held by us; nor the
