@@ -121,6 +121,7 @@ from harness import (  # noqa: E402
 import celery_singlebeat  # noqa: E402
 from celery_singlebeat.slots import slot_task_id  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
+from celery_singlebeat.store.sql import RECONNECT_WINDOW_S  # noqa: E402
 
 US = 1_000_000
 TASK = "singletonapp.slot_probe"
@@ -178,6 +179,15 @@ HOLD_AT = re.compile(
     r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): \w+/MainProcess\] singlebeat: (?:replica \S+ "
     r"reconnected to the database; its fallback proposals and sweeps wait|the database "
     r"lost .*?fallback proposals and sweeps wait) (?P<s>[\d.]+)s",
+    re.M,
+)
+#: a replica's outage as it logs it: the ERROR when a statement could not reach
+#: the database (after the store's reconnect window); the replica sends nothing
+#: from then until it reconnects (its next HOLD_AT line), which its backoff may
+#: put up to 10 s after the database is back
+UNREACHABLE_AT = re.compile(
+    r"^\[(?P<ts>[\d-]+ [\d:]+,\d{3}): ERROR/MainProcess\] singlebeat: database \S+ "
+    r"unreachable \(",
     re.M,
 )
 #: a slot is counted against a failover when its instant is this close to it:
@@ -323,11 +333,22 @@ def resp_commands(data: bytes) -> Iterable[list[bytes]]:
 def celery_gave_up(log: str) -> str | None:
     """The error of a worker's log that ends in Celery's own "Unrecoverable
     error" raised outside celery_singlebeat (no frame of the package in its
-    traceback); None for any other exit, which stays a failure of the run."""
+    traceback); None for any other exit, which stays a failure of the run.
+    Its traceback ends at the next log record: what the pool's children log
+    after it (a task that failed on the same broker restart, through the
+    package's frames) is not part of the main process's error."""
     at = log.rfind(UNRECOVERABLE)
-    if at < 0 or PACKAGE_FRAME in log[at:]:
+    if at < 0:
         return None
-    return log[at + len(UNRECOVERABLE) :].splitlines()[0]
+    first, *rest = log[at + len(UNRECOVERABLE) :].splitlines()
+    traceback = []
+    for line in rest:
+        if line.startswith("["):
+            break
+        traceback.append(line)
+    if any(PACKAGE_FRAME in line for line in traceback):
+        return None
+    return first
 
 
 # -- the run's record ----------------------------------------------------------------
@@ -599,6 +620,8 @@ class Chaos:
         self.lives: dict[str, Life] = {}
         #: each beat process's holds after a broken connection (read_holds)
         self.holds: dict[str, list[tuple[int, int]]] = {}
+        #: each beat process's own outages (read_outages)
+        self.outages: dict[str, list[tuple[int, int | None]]] = {}
         #: slot rows written back after a failover (slot_rows)
         self.written_back: set[tuple[str, int]] = set()
 
@@ -1137,23 +1160,58 @@ class Chaos:
                 holds.setdefault(proc.name, []).append((at_us, at_us + int(float(m["s"]) * US)))
         return holds
 
-    def claimed_by(self, name: str, slot_us: int, end_us: int) -> int:
+    @staticmethod
+    def read_outages(
+        beat_logs: list[tuple[BeatProcess, str]],
+    ) -> dict[str, list[tuple[int, int | None]]]:
+        """Each beat process's own outages, (start, reconnect or None) on the
+        database's clock: from the store's reconnect window before its
+        "unreachable" ERROR to its next reconnect (:data:`HOLD_AT`). A process
+        retrying with backoff sends nothing, though the database may be back
+        for everyone else, a process that started meanwhile included."""
+        outages: dict[str, list[tuple[int, int | None]]] = {}
+        for proc, text in beat_logs:
+            back = [at_us for at_us, _ in logged_at(HOLD_AT, text)]
+            for at_us, _ in logged_at(UNREACHABLE_AT, text):
+                reconnect = next((b for b in back if b > at_us), None)
+                start = at_us - int(RECONNECT_WINDOW_S * US)
+                outages.setdefault(proc.name, []).append((start, reconnect))
+        return outages
+
+    def claimed_by(
+        self, name: str, slot_us: int, end_us: int, own_outages: bool = False
+    ) -> int | None:
         """When process ``name`` must still run to have claimed ``slot_us``
         as a fallback: ``end_us``, or just after a hold that kept its fallback
-        proposals back over the slot (they go out when it ends)."""
+        proposals back over the slot (they go out when it ends). With
+        ``own_outages``: retrying after a database outage at the slot
+        (:meth:`read_outages`), it proposes the slot once it reconnects, then
+        as a fallback after the hold that follows; None if it came back too
+        late for the slot to be on time then (the missed-run policy's) or
+        never."""
+        for down, back in self.outages.get(name, ()) if own_outages else ():
+            if down <= end_us and (back is None or back > slot_us - ROLL_SETTLE_US):
+                if back is None or back - slot_us > GRACE_US - OUTAGE_EDGE_US:
+                    return None
+                end_us = max(end_us, back + ROLL_CLAIM_US)
         for start, end in self.holds.get(name, ()):
             if start <= end_us and end > slot_us:
                 end_us = max(end_us, end + ROLL_CLAIM_US)
         return end_us
 
-    def version_ran(self, version: str, start_us: int, end_us: int, upto_us: int) -> bool:
+    def version_ran(
+        self, version: str, start_us: int, end_us: int, upto_us: int, own_outages: bool = False
+    ) -> bool:
         """A beat process of ``version`` was connected and running (not paused,
         not yet stopped) throughout ``[start_us, end_us]``, or past the end of
-        a hold over that time (:meth:`claimed_by`)."""
+        a hold over that time; with ``own_outages``, also past the end of an
+        outage of its own and of the hold after it (:meth:`claimed_by`)."""
         for name, life in self.lives.items():
             if life.version != version or not life.connected_us:
                 continue
-            needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us)
+            needed_us = self.claimed_by(name, start_us + ROLL_SETTLE_US, end_us, own_outages)
+            if needed_us is None:
+                continue
             if life.connected_us > start_us or (life.ended_us or upto_us) < needed_us:
                 continue
             paused = any(
@@ -1316,6 +1374,7 @@ class Chaos:
         rows = self.slot_rows()
         beat_logs = [(p, p.log()) for r in self.replicas for p in r.incarnations]
         self.holds = self.read_holds(beat_logs)
+        self.outages = self.read_outages(beat_logs)
         required, optional = self.expected(upto_us)
         done = self.executions()
         windows = self.db_windows(rows)
@@ -1331,6 +1390,28 @@ class Chaos:
 
         def in_window(slot: tuple[str, int]) -> DbWindow | None:
             return next((w for w in windows if w.contains(slot)), None)
+
+        # An instant only version 2 has, outside the outages' windows, whose
+        # replicas of that version were all still retrying after an outage
+        # (their backoff outlasts it) or held after reconnecting when they
+        # stopped: their stop's edge, either is right. Inside a window it
+        # stays the missed-run policy's, as before.
+        assert self.db is not None
+        roll_anchor = self.db.anchors().get(ROLL, 0)
+
+        def every_1s_only(slot: tuple[str, int]) -> bool:
+            return slot[0] == ROLL and (slot[1] - roll_anchor) % ROLL_PERIOD_US["1"] != 0
+
+        for slot in sorted(required):
+            if not every_1s_only(slot) or in_window(slot):
+                continue
+            at_us = slot[1]
+            if not self.version_ran(
+                "2", at_us - ROLL_SETTLE_US, at_us + ROLL_CLAIM_US, upto_us, True
+            ):
+                required.discard(slot)
+                if self.version_may_have_run("2", at_us, upto_us):
+                    optional.add(slot)
 
         report = Report(
             config={k: str(v) for k, v in asdict(self.config).items()},
@@ -1353,9 +1434,8 @@ class Chaos:
         report.due = len(required)
         report.optional_due = len(optional)
         report.optional_executed = sum(1 for s in optional if s in done)
-        report.roll_required = sum(
-            1 for s in required if s[0] == ROLL and s[1] % ROLL_PERIOD_US["1"] != 0
-        )
+        # counted from the anchor: the slots are not whole seconds since the epoch
+        report.roll_required = sum(1 for s in required if every_1s_only(s))
         counted = {s for s in rows if s[1] <= upto_us}
         report.sent = sum(1 for s in counted if rows[s][0] == 1)
         report.taken_over = sum(1 for s in counted if rows[s][2] > 1)

@@ -62,6 +62,7 @@ from .sharing import (
 )
 from .slots import (
     SLOT_HEADER,
+    KeptSpan,
     MissedPolicy,
     SlotSequence,
     plan_due,
@@ -227,6 +228,14 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         #: proposals it delayed are judged late or on time as of then
         #: (_judged_at), not as of its end
         self._held_since_us: int | None = None
+        #: spans of slots a hold kept back until the connection broke again
+        #: before they were proposed: judged as of that hold's start, however
+        #: long the break (slots.plan_due's ``kept``); and whether the last
+        #: tick reached the database (the next failure is then a new break)
+        self._kept: list[KeptSpan] = []
+        self._answering = False
+        #: the database's clock (estimated) when the current tick began
+        self._tick_us: int | None = None
         #: slots this replica may still hold in the store without working on them,
         #: so that winning one back is not mistaken for a takeover: key -> (fence
         #: it released them at, or None when a claim's answer was lost; when).
@@ -302,12 +311,15 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
         except ConnectionReplaced:
             # reconnected, maybe to a promoted standby: the next tick writes back
             # what this replica sent (failover.py) before it decides anything
+            self._broke()
             self.telemetry.loop(time.monotonic())
             return 0.0
         except StoreUnavailable as exc:
+            self._broke()
             delay = self._outage(exc)
             self.telemetry.loop(time.monotonic())
             return delay
+        self._answering = True
         self.telemetry.loop(time.monotonic())
         if self._outage_since is not None:
             logger.warning(
@@ -458,6 +470,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _tick(self) -> float:
         store = self._store
         assert store is not None
+        self._tick_us = store.clock.now_us()
         monotonic = time.monotonic()
         if self.settings.listen:
             self._poll_controls(monotonic)
@@ -513,6 +526,8 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
     def _send_due(self) -> None:
         store = self._store
         assert store is not None
+        if self._kept:
+            self._forget_kept()
         now_us = store.clock.now_us()
         due: list[_Tracked] = []
         keys: list[SlotKey] = []
@@ -539,7 +554,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
                 tracked = heapq.heappop(heap)
                 due.append(tracked)
                 plan = plan_due(
-                    tracked.sequence, tracked.next_us, now_us, tracked.policy, judged_at_us
+                    tracked.sequence,
+                    tracked.next_us,
+                    now_us,
+                    tracked.policy,
+                    judged_at_us,
+                    self._kept,
                 )
                 plans.append((tracked, plan))
                 keys.extend(
@@ -1065,6 +1085,42 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             return None
         bound_us = int((hold_seconds(self._sweep_every) + self._sweep_every) * US)
         return since if now_us <= since + bound_us else None
+
+    def _broke(self) -> None:
+        """A statement failed after a tick that reached the database: the
+        connection broke (a restart, an outage, a failover). If a hold was
+        keeping fallback proposals back, the slots it kept until now were
+        delayed by this replica, not by the break: they stay judged as of the
+        hold's start (_kept) after the reconnect, however long the break and
+        whatever hold follows it. Without it, a restart's hold cut short by an
+        outage (or a failover) dropped a dead or paused replica's share due in
+        the hold, as missed: the chaos run lost 1 slot so on seed 2 and 6 on
+        seed 6. Up to the start of the tick that met the break (or the hold's
+        end, if that came first): not its last answer, since a replica that
+        proposes nothing first may not have asked the database anything for a
+        sweep interval and the slots held meanwhile were held by us; nor the
+        failure itself, which may come after a reconnect window (2 s) or a
+        statement timeout (15 s), slots of the break's own.
+        """
+        if not self._answering:
+            return  # still the same break (an outage's retries)
+        self._answering = False
+        store = self._store
+        if store is None or self._tick_us is None:
+            return
+        at_us = self._tick_us
+        judged_us = self._judged_at(at_us)
+        if judged_us is None or (self._kept and self._kept[-1][1] >= judged_us):
+            return
+        hold_end_us = judged_us + int(hold_seconds(self._sweep_every) * US)
+        self._kept.append((judged_us, min(at_us, hold_end_us)))
+
+    def _forget_kept(self) -> None:
+        """Drop the spans of kept slots every entry has planned past (both heaps
+        are whole between ticks: their tops are the earliest next slots)."""
+        tops = [heap[0].next_us for heap in (self._heap, self._later) if heap]
+        lowest = min(tops) if tops else None
+        self._kept = [s for s in self._kept if lowest is not None and s[1] >= lowest]
 
     def _after_interruption(self) -> None:
         """After a broken connection: write again what this replica sent lately,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Any, Protocol
@@ -194,6 +195,21 @@ class Plan:
     skipped_last_us: int | None
     next_us: int | None
 
+    def then(self, later: Plan) -> Plan:
+        """This plan followed by ``later``, made from this one's ``next_us``."""
+        return Plan(
+            propose=self.propose + later.propose,
+            skipped=self.skipped + later.skipped,
+            skipped_first_us=self.skipped_first_us if self.skipped else later.skipped_first_us,
+            skipped_last_us=later.skipped_last_us if later.skipped else self.skipped_last_us,
+            next_us=later.next_us,
+        )
+
+
+#: ``(judged_us, upto_us)``: the slots at or before ``upto_us`` are judged on
+#: time or late as of ``judged_us`` (:func:`plan_due`'s ``kept``)
+KeptSpan = tuple[int, int]
+
 
 def plan_due(
     sequence: SlotSequence,
@@ -201,6 +217,7 @@ def plan_due(
     now_us: int,
     policy: MissedPolicy,
     judged_at_us: int | None = None,
+    kept: Sequence[KeptSpan] = (),
 ) -> Plan:
     """Slots of one entry due at ``now_us``, starting at slot ``next_us``.
 
@@ -211,7 +228,33 @@ def plan_due(
     making does not make a slot late. Returns the slots to propose
     (ascending), how many missed slots the policy dropped, and the first slot
     after ``now_us`` (the entry's next due time).
+
+    ``kept``: spans ``(judged_us, upto_us)``, ascending and disjoint, of
+    slots an earlier hold kept back until the connection broke again at
+    ``upto_us``; the slots of each span (after the previous one's) are judged
+    as of its ``judged_us``, and the missed-run policy applies to each part
+    apart. A later break does not make late what the caller itself delayed.
     """
+    plan: Plan | None = None
+    at = next_us
+    for judged_us, upto_us in kept:
+        if at is None or at > upto_us or at > now_us:
+            continue
+        part = _plan(sequence, at, min(upto_us, now_us), policy, judged_us)
+        plan = part if plan is None else plan.then(part)
+        at = part.next_us
+    rest = _plan(sequence, at, now_us, policy, judged_at_us)
+    return rest if plan is None else plan.then(rest)
+
+
+def _plan(
+    sequence: SlotSequence,
+    next_us: int | None,
+    now_us: int,
+    policy: MissedPolicy,
+    judged_at_us: int | None,
+) -> Plan:
+    """:func:`plan_due` with a single instant of judgement."""
     keep = max(policy.max_missed, 1)
     judged_us = now_us if judged_at_us is None else min(now_us, judged_at_us)
     cutoff = judged_us - policy.grace_us  # a slot before this is missed

@@ -101,6 +101,7 @@ def test_an_instant_only_one_version_has_is_required_while_a_replica_of_it_runs(
     }
     run.faults = [chaos.Fault("pause", "r0", "", 20 * us, end_us=25 * us, proc="r0.2")]
     run.holds = {}
+    run.outages = {}
     upto = 100 * us
     # running and connected throughout: must run
     assert run.version_ran("2", 14 * us, 16 * us, upto)
@@ -133,6 +134,7 @@ def test_a_hold_after_a_broken_connection_extends_when_a_version_must_run() -> N
     )
     proc = SimpleNamespace(name="r0.1")
     holds = chaos.Chaos.read_holds([(proc, log)])  # type: ignore[list-item]
+    run.outages = {}
     start = int(datetime(2026, 12, 3, 8, 0, 42).timestamp() * us)
     assert holds == {"r0.1": [(start, start + 7 * us)]}
     upto = start + 100 * us
@@ -150,6 +152,55 @@ def test_a_hold_after_a_broken_connection_extends_when_a_version_must_run() -> N
     later = start + 20 * us
     run.lives["r0.1"].ended_us = later + 2 * us
     assert run.version_ran("2", later - us, later + us, upto)
+
+
+def test_a_replica_still_retrying_after_an_outage_need_not_send_its_versions_instants() -> None:
+    """Seed 2 at 0af79c4 reported an every-1-s ``roll-0`` instant lost, 6.1 s
+    after a 30 s outage, during the rolling restart back to every 2 s that
+    had begun in it: the only version-2 replicas left were still in their
+    outage backoff (up to 10 s after the database is back), connected long
+    before as far as the judge knew. A replica retrying sends nothing; back
+    within the grace of the instant it proposes it, as a fallback only after
+    the hold that follows its reconnect."""
+    run = chaos.Chaos.__new__(chaos.Chaos)
+    us = chaos.US
+    run.faults = []
+    down = "2026-12-03 08:00:12,000"
+    log = (
+        f"[{down}: ERROR/MainProcess] singlebeat: database postgresql+psycopg://x@h/db "
+        "unreachable (claim failed: OperationalError: connection refused); replica vm:1:a "
+        "sends nothing until it is back, retrying with backoff up to 10s\n"
+        "[2026-12-03 08:00:52,000: INFO/MainProcess] singlebeat: replica vm:1:a reconnected "
+        "to the database; its fallback proposals and sweeps wait 7.0s for the other "
+        "replicas to write what they sent\n"
+    )
+    proc = SimpleNamespace(name="r1.1")
+    logs = [(proc, log)]
+    run.holds = chaos.Chaos.read_holds(logs)  # type: ignore[arg-type]
+    run.outages = chaos.Chaos.read_outages(logs)  # type: ignore[arg-type]
+    t0 = int(datetime(2026, 12, 3, 8, 0, 0).timestamp() * us)
+    back = t0 + 52 * us
+    assert run.outages == {"r1.1": [(t0 + 10 * us, back)]}  # less the reconnect window
+    upto = t0 + 200 * us
+    # the database back for everyone at 48 s; the instant at 49 s, 3 s before
+    # this replica reconnected: proposed as a fallback when its hold ends (59 s)
+    run.lives = {"r1.1": chaos.Life("2", 0, connected_us=t0 - 60 * us, ended_us=t0 + 51 * us)}
+    slot = t0 + 49 * us
+    # stopped before it reconnected
+    assert not run.version_ran("2", slot - us, slot + us, upto, True)
+    # as the judge had it, blind to the replica's own outage: required, "lost"
+    assert run.version_ran("2", slot - us, slot + us, upto)
+    run.lives["r1.1"].ended_us = back + 6 * us
+    assert not run.version_ran("2", slot - us, slot + us, upto, True)  # stopped inside the hold
+    run.lives["r1.1"].ended_us = back + 9 * us
+    assert run.version_ran("2", slot - us, slot + us, upto, True)  # ran past it: required
+    # back more than the grace after the instant: the missed-run policy's
+    early = t0 + 45 * us
+    assert not run.version_ran("2", early - us, early + us, upto, True)
+    # an instant after the reconnect's hold: as for any running replica
+    after = back + 20 * us
+    run.lives["r1.1"].ended_us = after + 2 * us
+    assert run.version_ran("2", after - us, after + us, upto, True)
 
 
 #: the end of a real worker log from a 10-minute run (seed 1): kombu's Redis
@@ -180,6 +231,18 @@ def test_a_worker_celery_gave_up_on_is_told_from_one_the_package_broke() -> None
     assert chaos.celery_gave_up(ours) is None
     # so does any other exit: a crash, a SystemExit, a kill
     assert chaos.celery_gave_up("[...] worker: Warm shutdown (MainProcess)\n") is None
+    # a child's task failing on the same broker restart, logged after it
+    # through the package's frames, is not the main process's error (a seed-1
+    # run stopped so, both workers at once, at 94e2301)
+    child = (
+        "[2026-12-04 00:16:19,600: WARNING/ForkPoolWorker-1] Task singletonapp.slot_probe"
+        "[81ac1d5a] reject requeue=False: Error 111 connecting to 127.0.0.1:59541.\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{ROOT / "celery_singlebeat" / "singleton" / "task.py"}", line 373, in _busy\n'
+        "celery.exceptions.Reject: (OperationalError('Error 111'), False)\n"
+    )
+    assert chaos.celery_gave_up(KOMBU_EXIT + child) == reason
+    assert chaos.celery_gave_up(ours + child) is None
 
 
 def _resp(*args: bytes) -> bytes:

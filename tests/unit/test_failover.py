@@ -229,3 +229,46 @@ def test_a_confirm_cut_off_by_the_break_is_written_but_not_counted_as_lost(
     assert replica.stats["lost_writes"] == 0
     assert not [r for r in caplog.records if getattr(r, "decision", None) == "lost_writes"]
     assert [r for r in caplog.records if "reconnected to the database" in r.getMessage()]
+
+
+@pytest.mark.parametrize("policy", ["skip", "coalesce"])
+def test_slots_a_hold_kept_back_stay_on_time_after_an_outage_that_cut_it_short(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+) -> None:
+    """The chaos run's seeds 2 and 6: r0 dies (killed, or paused right after
+    a claim) just after a database restart started the others' hold (7 s), so
+    only their held fallbacks would propose its share; 2 s into the hold the
+    database goes away for 30 s. The slots of r0's share that the hold kept
+    back while the database still answered were delayed by the hold, not by
+    the outage: they are judged as of that hold's start after the outage too,
+    and sent once. (Judged as of the reconnect, the missed-run policy dropped
+    them: no slot row was ever written.) The slots that fell due while the
+    database was away are the policy's, as after any outage."""
+    harness, shift, replicas, share, start_us = _dead_replicas_share(
+        harness_for, monkeypatch, caplog, policy
+    )
+    harness.store.lose_writes(harness.store._now_us())  # a restart: nothing lost
+    held = 2
+    _rounds(harness, shift, replicas, held)
+    assert not [m for m in harness.drain() if m.entry in share]  # held, not sent
+    outage = 30
+    with harness.store.outage():
+        _rounds(harness, shift, replicas, outage)
+    assert all(r._outage_since is not None for r in replicas[1:])
+    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    _rounds(harness, shift, replicas, rounds)
+    sent = Counter((m.entry, m.at_us) for m in harness.drain())
+    assert max(sent.values()) == 1
+    period = SECOND // timedelta(microseconds=1)
+    first_us = start_us - FALLBACK // timedelta(microseconds=1) + period
+    kept = [first_us + k * period for k in range(held)]
+    for entry in sorted(share):
+        assert [sent[(entry, at)] for at in kept] == [1] * held, entry
+    # the outage's slots older than the grace when sending resumed: the policy's
+    back_us = first_us + (held + outage) * period
+    gone = [at for at in range(first_us + (held + 1) * period, back_us - 6 * period, period)]
+    for entry in sorted(share):
+        assert not [at for at in gone if (entry, at) in sent], entry

@@ -264,6 +264,42 @@ def test_a_slot_judged_as_of_an_earlier_instant_is_on_time_then() -> None:
     )
 
 
+@pytest.mark.parametrize("mode", ["coalesce", "skip", "all"])
+def test_slots_a_hold_kept_back_are_judged_as_of_its_start_after_a_later_break(
+    mode: str,
+) -> None:
+    """kept: a hold began at S[1] and kept S[1] and S[2] back until the
+    connection broke again just after S[2]; the database was away until long
+    after S[5], and the next hold began at ``back``. S[1] and S[2] are judged
+    as of the first hold's start (on time); S[3] and S[4], which fell due
+    while the database was away, as of ``back``: the policy's."""
+    back = S[5] + 2 * US  # S[5] on time, S[3] and S[4] missed
+    kept = [(S[1], S[2] + US)]
+    plan = plan_due(MINUTELY, S[1], back, policy(mode), judged_at_us=back, kept=kept)
+    missed = {"coalesce": [], "skip": [], "all": [S[3], S[4]]}[mode]
+    skipped = 0 if mode == "all" else 2
+    assert plan == Plan(
+        [S[1], S[2], *missed, S[5]],
+        skipped,
+        S[3] if skipped else None,
+        S[4] if skipped else None,
+        S[6],
+    )
+    # without the span, the break's length made them late
+    assert plan_due(MINUTELY, S[1], back, policy("skip"), judged_at_us=back) == Plan(
+        [S[5]], 4, S[1], S[4], S[6]
+    )
+    # a span the entry has planned past changes nothing; one slot late before
+    # the hold began stays the policy's (skip drops it, as without the break)
+    assert plan_due(MINUTELY, S[3], back, policy("skip"), back, kept) == plan_due(
+        MINUTELY, S[3], back, policy("skip"), back
+    )
+    early = [(S[2] + GRACE_US + 1, S[2] + GRACE_US + US)]
+    assert plan_due(MINUTELY, S[1], back, policy("skip"), back, early) == Plan(
+        [S[5]], 4, S[1], S[4], S[6]
+    )
+
+
 def test_not_due_yet_proposes_nothing() -> None:
     assert plan_due(MINUTELY, S[2], S[1] + 30 * US, policy("all")) == Plan([], 0, None, None, S[2])
     assert plan_due(MINUTELY, None, S[5], policy("all")) == Plan([], 0, None, None, None)
