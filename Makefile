@@ -22,7 +22,7 @@ demo: $(STAMP)
 # suites take", says how TEST_WORKERS was chosen on a 2-core machine).
 TEST_WORKERS ?= 4
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist worksteal tests
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The PostgreSQL store contracts and the acceptance tests that use the shared
 # PostgreSQL (marked shared_postgres by tests/conftest.py) through PgBouncer in
@@ -40,7 +40,7 @@ test-pgbouncer: $(STAMP)
 		tests/integration/test_store_contract.py tests/integration/test_singleton_store_contract.py \
 		|| status=$$?; \
 	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 \
-		-n $(TEST_WORKERS) --dist worksteal -m shared_postgres tests/acceptance || status=$$?; \
+		-n $(TEST_WORKERS) --dist loadgroup -m shared_postgres tests/acceptance || status=$$?; \
 	after=$$(.ci/pgbouncer.sh xacts); \
 	echo "pgbouncer: $$((after - before)) transactions through 127.0.0.1:$(PGBOUNCER_PORT) during the run"; \
 	if [ "$$after" -le "$$before" ]; then echo "pgbouncer: no traffic: the tests did not go through it" >&2; exit 1; fi; \
