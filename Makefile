@@ -18,8 +18,9 @@ demo: $(STAMP)
 
 # The suites mostly wait on real processes (beat replicas, workers, database
 # clusters), so they run side by side in pytest-xdist workers: every test has its
-# own tables, queues, ports and work directory (docs/testing.md, "How long the
-# suites take", says how TEST_WORKERS was chosen on a 2-core machine).
+# own tables, queues, ports and work directory. Tests that must not share a worker
+# with each other carry an xdist_group (--dist loadgroup). docs/testing.md, "How
+# long the project's own suites take", says how TEST_WORKERS was chosen.
 TEST_WORKERS ?= 4
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup tests
