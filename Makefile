@@ -19,11 +19,13 @@ demo: $(STAMP)
 # The suites mostly wait on real processes (beat replicas, workers, database
 # clusters), so they run side by side in pytest-xdist workers: every test has its
 # own tables, queues, ports and work directory. Tests that must not share a worker
-# with each other carry an xdist_group (--dist loadgroup). docs/testing.md, "How
+# with each other carry an xdist_group (--dist loadgroup); those that must have
+# the machine to itself are marked serial and run after. docs/testing.md, "How
 # long the project's own suites take", says how TEST_WORKERS was chosen.
 TEST_WORKERS ?= 4
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" tests
+	$(BIN)/python -m pytest -q -ra --durations=5 -m serial tests
 
 # The PostgreSQL store contracts and the acceptance tests that use the shared
 # PostgreSQL (marked shared_postgres by tests/conftest.py) through PgBouncer in

@@ -250,6 +250,13 @@ def test_quick_comparison_of_failures(pg_url: str, redis_url: str, tmp_path: Pat
         assert gap <= 3.0, (scenario, gap)
 
 
+# Alone on the machine: make test runs it after the parallel pass (-m serial).
+# Its figure of 1 transaction per statement counts pg_stat_database, whose
+# counters every backend flushes lazily (at most once a second, later when the
+# server is busy), against the replicas' own statement counts. Beside the other
+# suites it read 1.33 twice in four runs (56 transactions more than its 167
+# statements: commits made before the window counted inside it); alone, 0.98.
+@pytest.mark.serial
 def test_quick_load_run_sends_every_slot_once(pg_url: str, redis_url: str, tmp_path: Path) -> None:
     # 3 replicas, 2,000 entries (1,000 crontab() every minute), a 60 s window
     stdout, results = run_quick(LOAD, tmp_path)
