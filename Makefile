@@ -16,13 +16,23 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
 
+# The suites mostly wait on real processes (beat replicas, workers, database
+# clusters), so they run side by side in pytest-xdist workers: every test has its
+# own tables, queues, ports and work directory. Tests that must not share a worker
+# with each other carry an xdist_group (--dist loadgroup); those that must have
+# the machine to itself are marked serial and run after. docs/testing.md, "How
+# long the project's own suites take", says how TEST_WORKERS was chosen.
+TEST_WORKERS ?= 4
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -ra --durations=15 tests
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" tests
+	$(BIN)/python -m pytest -q -ra --durations=5 -m serial tests
 
-# The PostgreSQL store contract and the whole acceptance suite through PgBouncer in
-# transaction pooling mode (.ci/pgbouncer.sh starts a private one on 6432; the
-# acceptance tests that use SQLite or MariaDB run too, unchanged). Fails unless
-# PgBouncer's SHOW STATS counted the run's transactions.
+# The PostgreSQL store contracts and the acceptance tests that use the shared
+# PostgreSQL (marked shared_postgres by tests/conftest.py) through PgBouncer in
+# transaction pooling mode (.ci/pgbouncer.sh starts a private one on 6432). The
+# acceptance tests on SQLite, MariaDB or a PostgreSQL cluster of their own would
+# not go through it: make test ran them already. Fails unless PgBouncer's SHOW
+# STATS counted the run's transactions.
 PGBOUNCER_PORT ?= 6432
 PGBOUNCER_URL := postgresql+psycopg://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test
 test-pgbouncer: export PGBOUNCER_PORT := $(PGBOUNCER_PORT)
@@ -33,7 +43,7 @@ test-pgbouncer: $(STAMP)
 		tests/integration/test_store_contract.py tests/integration/test_singleton_store_contract.py \
 		|| status=$$?; \
 	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 \
-		tests/acceptance || status=$$?; \
+		-n $(TEST_WORKERS) --dist loadgroup -m shared_postgres tests/acceptance || status=$$?; \
 	after=$$(.ci/pgbouncer.sh xacts); \
 	echo "pgbouncer: $$((after - before)) transactions through 127.0.0.1:$(PGBOUNCER_PORT) during the run"; \
 	if [ "$$after" -le "$$before" ]; then echo "pgbouncer: no traffic: the tests did not go through it" >&2; exit 1; fi; \

@@ -74,6 +74,23 @@ def direct_engine(url: str | URL, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``shared_postgres`` every test that reaches the PostgreSQL of
+    ``SB_TEST_PG``: through the ``pg_url`` fixture, or the ``db_url`` fixture's
+    PostgreSQL turn. ``make test-pgbouncer`` runs these acceptance tests again
+    with ``SB_TEST_PG`` pointing at PgBouncer; the others (SQLite, MariaDB, a
+    private PostgreSQL cluster of the test's own) would not go through it, so
+    running them a second time would measure nothing new. Derived from the
+    fixtures rather than written by hand, so that a new test is picked up; a test
+    that asks for the URL some other way (``request.getfixturevalue``) carries
+    the marker itself."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        if "pg_url" in getattr(item, "fixturenames", ()) or params.get("db_url") == "postgres":
+            item.add_marker(pytest.mark.shared_postgres)
+
+
 @pytest.fixture
 def table_prefix() -> str:
     """A fresh table prefix per test, so tests never see each other's rows."""

@@ -12,8 +12,10 @@ variables, so each test can break exactly one thing:
   ``bad-policy`` (an unknown per-entry missed-run policy), ``long-name`` (a name
   longer than 255 bytes) or ``opaque`` (a schedule object we cannot coordinate)
 * ``SB_ENGINE_OPTIONS``: singlebeat_engine_options, as JSON
-* ``SB_START_AT``: a Unix time; beat waits for it after start-up and before its
-  first tick, so processes started together reach the database together
+* ``SB_GATE``: a folder; after start-up and before its first tick, beat leaves a
+  file ``arrived-<pid>`` in it and waits for ``release`` to appear there, then
+  until the Unix time that file holds, so processes started together reach the
+  database together however long each took to start
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import os
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
@@ -79,9 +82,25 @@ def probe() -> None:
 def _start_together(**_: object) -> None:
     # beat_init comes after the scheduler is built and before its first tick,
     # which is when it creates the schema: the moment the race test aims at.
-    start_at = float(os.environ.get("SB_START_AT", "0"))
-    late = time.time() - start_at
-    if start_at and late < 0:
+    # A barrier rather than an instant fixed before the start: on a loaded
+    # machine (the suite runs tests side by side) three interpreters may take
+    # longer than any fixed lead to start, and then they did not race at all.
+    gate = os.environ.get("SB_GATE")
+    if not gate:
+        return
+    folder = Path(gate)
+    (folder / f"arrived-{os.getpid()}").touch()
+    release = folder / "release"
+    deadline = time.monotonic() + 60
+    while not release.exists():
+        if time.monotonic() > deadline:
+            print("SB-LATE: the gate did not open in 60 s", flush=True)
+            return
+        time.sleep(0.01)
+    # the instant, ahead of the release by more than this poll's 10 ms: the
+    # processes leave the gate within a millisecond or so of each other
+    late = time.time() - float(release.read_text())
+    if late < 0:
         time.sleep(-late)
-    elif start_at:
+    else:
         print(f"SB-LATE {late:.3f}s", flush=True)

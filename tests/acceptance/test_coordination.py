@@ -242,7 +242,8 @@ def test_three_replicas_postgres_redis_every_slot_once_and_sigkill(
 @pytest.mark.parametrize(
     ("database", "broker", "die_after"),
     [
-        ("postgres", "rabbitmq", "claimed"),
+        # the URL comes from request.getfixturevalue: tests/conftest.py cannot see it
+        pytest.param("postgres", "rabbitmq", "claimed", marks=pytest.mark.shared_postgres),
         ("mysql", "redis", "published"),
         ("sqlite", "redis", "claimed"),
     ],

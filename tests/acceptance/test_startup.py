@@ -470,15 +470,27 @@ def test_three_replicas_starting_together_create_the_schema_once(
     db_url: str,
     table_prefix: str,
     schema_cleanup: list[tuple[str, str]],
+    tmp_path: Path,
 ) -> None:
     schema_cleanup.append((db_url, table_prefix))
-    # Each process waits (beat_init) for this instant before its first tick, the
-    # one that creates the schema; three interpreters start in well under 4 s.
-    start_at = f"{time.time() + 4:.3f}"
+    # Each process waits (beat_init) at a gate before its first tick, the one
+    # that creates the schema; once all three are there, the gate opens on an
+    # instant 1 s ahead (startapp.py), so that they reach the database together.
+    gate = tmp_path / "gate"
+    gate.mkdir()
     procs = [
-        beat(spawn, SB_URL=db_url, SB_PREFIX=table_prefix, SB_START_AT=start_at, SB_EVERY="1")
+        beat(spawn, SB_URL=db_url, SB_PREFIX=table_prefix, SB_GATE=str(gate), SB_EVERY="1")
         for _ in range(3)
     ]
+    wait_until(
+        lambda: len(list(gate.glob("arrived-*"))) == 3 or any(not p.alive() for p in procs),
+        60,
+        "the three processes at the gate",
+    )
+    assert all(p.alive() for p in procs), [p.output for p in procs]
+    opening = gate / "release.tmp"
+    opening.write_text(f"{time.time() + 1:.3f}")
+    opening.rename(gate / "release")  # whole: a process never reads half of it
     for proc in procs:
         proc.wait_for(CONNECTED, timeout=30)
     for proc in procs:
