@@ -145,6 +145,7 @@ app.conf.update(
             ("SB_READINESS", "singlebeat_readiness_timeout", float),
             ("SB_METRICS", "singlebeat_metrics", lambda v: v == "1"),
             ("SB_FAILOVER_WINDOW", "singlebeat_failover_window", float),
+            ("SB_REPLICA_ID", "singlebeat_replica_id", str),
         )
         if os.environ.get(variable)
     },

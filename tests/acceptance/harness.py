@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ import sqlalchemy as sa
 from conftest import IN_CI, direct_engine
 from sqlalchemy.engine import Engine
 
+from celery_singlebeat.sharing import first_replicas
 from celery_singlebeat.slots import slot_task_id
 from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.statements import dialect_for
@@ -954,6 +955,22 @@ def max_gaps(
         arrivals = [when for _, when in items]
         gaps[entry] = max((b - a for a, b in zip(arrivals, arrivals[1:])), default=0.0)
     return gaps
+
+
+def replica_ids_with_shares(names: Sequence[str], entries: int) -> dict[str, str]:
+    """``SB_REPLICA_ID`` for each of the replicas ``names`` (all the replicas of a
+    test) such that each proposes at least one of beatapp's ``entries`` entries
+    (``probe-0`` ...) first. Sharing is by rendezvous hashing of the replica ids:
+    with a few entries a replica now and then has none (3 entries over 3
+    replicas: about 3 times in 10), and only wins a slot when the others are
+    late, so a test that waits for one given replica to win would wait in vain."""
+    probes = [f"probe-{i}" for i in range(entries)]
+    for attempt in range(1000):
+        ids = {name: f"{name}-{attempt}" for name in names}
+        first = first_replicas(probes, sorted(ids.values()))
+        if set(first.values()) == set(ids.values()):
+            return ids
+    raise AssertionError(f"no replica ids give each of {list(names)} a share of {entries}")
 
 
 def group_env(*, broker: str, db_url: str, prefix: str, queue: str, **extra: str) -> dict[str, str]:

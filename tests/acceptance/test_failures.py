@@ -28,6 +28,7 @@ from harness import (
     collect,
     interval_slots,
     publish_counts,
+    replica_ids_with_shares,
     unsent_claims,
     wait_for,
 )
@@ -93,8 +94,14 @@ def test_replica_frozen_holding_a_claim(
         SB_ENTRIES="3",
         SB_LEASE=str(LEASE),
     )
-    frozen = rig.start_beat({**env, "SB_STOP_ON": stop_on}, "frozen")
-    others = [rig.start_beat(env, f"beat-{i}") for i in range(2)]
+    # the frozen replica must win a slot: each of the three gets a share
+    ids = replica_ids_with_shares(["frozen", "beat-0", "beat-1"], 3)
+    frozen = rig.start_beat(
+        {**env, "SB_STOP_ON": stop_on, "SB_REPLICA_ID": ids["frozen"]}, "frozen"
+    )
+    others = [
+        rig.start_beat({**env, "SB_REPLICA_ID": ids[f"beat-{i}"]}, f"beat-{i}") for i in range(2)
+    ]
     beats = [frozen, *others]
     _connected(beats)
     anchors = db.anchors()
@@ -211,8 +218,11 @@ def test_sigterm_inside_a_tick_lets_the_tick_finish_first(
     reader, db, env = rig.fleet(
         f"{redis_url}/5", pg_url, table_prefix, SB_ENTRIES="3", SB_LEASE=str(LEASE)
     )
-    victim = rig.start_beat({**env, "SB_STOP_ON": stop_on}, "victim")
-    other = rig.start_beat(env, "other")
+    ids = replica_ids_with_shares(["victim", "other"], 3)  # the victim must win a slot
+    victim = rig.start_beat(
+        {**env, "SB_STOP_ON": stop_on, "SB_REPLICA_ID": ids["victim"]}, "victim"
+    )
+    other = rig.start_beat({**env, "SB_REPLICA_ID": ids["other"]}, "other")
     _connected([victim, other])
     stopping = wait_for(
         lambda: re.search(r"SB-STOPPING (\S+) (\S+)", victim.log()), 40, "the victim to win"

@@ -29,6 +29,7 @@ from harness import (
     check_slots,
     collect,
     interval_slots,
+    replica_ids_with_shares,
     wait_connected,
     wait_db_time,
     wait_for,
@@ -297,10 +298,21 @@ def test_database_cut_between_publish_and_confirm_is_confirmed_on_return(
     proxy = rig.proxy((pg.host or "127.0.0.1", pg.port or 5432))
     proxied = pg.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     reader, db, env = rig.fleet(f"{redis_url}/6", pg_url, table_prefix, SB_LEASE=str(CONFIRM_LEASE))
+    # the cut replica must win a slot: each of the three gets a share of the 5
+    ids = replica_ids_with_shares(["cut", "beat-0", "beat-1"], 5)
     cut = rig.start_beat(
-        {**env, "SB_URL": proxied, "SB_STOP_ON": "published", "SB_STOP_ARM": "usr2"}, "cut"
+        {
+            **env,
+            "SB_URL": proxied,
+            "SB_STOP_ON": "published",
+            "SB_STOP_ARM": "usr2",
+            "SB_REPLICA_ID": ids["cut"],
+        },
+        "cut",
     )
-    others = [rig.start_beat(env, f"beat-{i}") for i in range(2)]
+    others = [
+        rig.start_beat({**env, "SB_REPLICA_ID": ids[f"beat-{i}"]}, f"beat-{i}") for i in range(2)
+    ]
     beats = [cut, *others]
     wait_connected(beats)
     anchors = db.anchors()

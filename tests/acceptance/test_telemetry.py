@@ -53,6 +53,7 @@ from harness import (
     free_port,
     log_ids,
     read_records,
+    replica_ids_with_shares,
     wait_connected,
     wait_for,
     wait_ready,
@@ -162,9 +163,15 @@ def test_probes_and_metrics_of_real_replicas_and_a_prefork_worker_scraped_by_pro
     workdir = rig.workdir
     hang_file = workdir / "hang"
     probed: list[Probed] = []
+    # beat-c must win a slot to hang: each of the three gets a share of the 5
+    ids = replica_ids_with_shares(["beat-a", "beat-b", "beat-c"], 5)
     for name in ("beat-a", "beat-b", "beat-c"):
         port, status_file = free_port(), workdir / f"{name}.status"
-        extra = {"SB_HTTP_PORT": str(port), "SB_STATUS_FILE": str(status_file)}
+        extra = {
+            "SB_HTTP_PORT": str(port),
+            "SB_STATUS_FILE": str(status_file),
+            "SB_REPLICA_ID": ids[name],
+        }
         if name == "beat-c":
             extra["SB_HANG_FILE"] = str(hang_file)
         probed.append(Probed(rig.start_beat({**env, **extra}, name), port, status_file))
