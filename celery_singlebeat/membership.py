@@ -3,8 +3,8 @@
 Every replica upserts its row in the replicas table with each heartbeat (its
 sweep, a third of the lease: 5 s by default) and marks it stopped when it stops
 gracefully (:meth:`.Store.heartbeat`, :meth:`.Store.stopped`). A replica is
-live while its row is not stopped and was seen within :data:`LIVE_HEARTBEATS`
-of its own heartbeat periods plus :data:`LIVE_SLACK_US` (17 s by default),
+live while its row is not stopped and was seen within ``LIVE_HEARTBEATS``
+of its own heartbeat periods plus ``LIVE_SLACK_US`` (17 s by default),
 judged on the database's clock (``seen_us`` is the database's instant of the
 heartbeat, ``now_us`` the database's instant of the read).
 
@@ -17,7 +17,7 @@ The same rule decides, for each of its users:
   the controls refuse names that no live replica's catalog lists (store/fleet.py);
 * readiness: a replica is ready while its last round trip is within the same
   bound, so that it reports ready exactly as long as the others count it live
-  (``timing.default_readiness_timeout_s``: :func:`live_within_us` of its sweep
+  (``timing.default_readiness_timeout_s``: ``timing.live_within_us`` of its sweep
   period).
 
 The SQL statements carry it as ``store.statements.live_replica`` (the same
@@ -38,7 +38,7 @@ from .timing import live_within_us as live_within_us
 
 def replica_live(seen_us: int, heartbeat_us: int, stopped_us: int | None, now_us: int) -> bool:
     """Whether a replica row is live at ``now_us``: not stopped, and seen at
-    most :func:`live_within_us` of its heartbeat before (all on the database's
+    most ``timing.live_within_us`` of its heartbeat before (all on the database's
     clock). A paused or partitioned process stops being live when its row
     ages; a gracefully stopped one at once."""
     return stopped_us is None and seen_us >= now_us - live_within_us(heartbeat_us)

@@ -66,6 +66,6 @@ def default_readiness_timeout_s(lease_s: float) -> float:
     """Three heartbeat periods plus 2 s (``lease + 2 s`` for leases of 1.5 s
     and more; 17 s by default): a replica with nothing due still talks to
     the database at every sweep, and this is the rule by which the other
-    replicas count it live (:func:`live_within_us`), so readiness, sharing
+    replicas count it live (``live_within_us``), so readiness, sharing
     and the fleet's view agree."""
     return live_within_us(round(sweep_period_s(lease_s) * 1_000_000)) / 1_000_000
