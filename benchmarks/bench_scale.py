@@ -283,7 +283,7 @@ def _startup_child(url: str, n: int) -> None:
         t1 = time.perf_counter()
         scheduler.tick()  # schema, registration of every entry, resume
         t2 = time.perf_counter()
-        assert len(scheduler._tracked) == n
+        assert len(scheduler.engine.tracked) == n
         rss = _peak_rss_mb(os.getpid()) or 0  # one replica's, before the second exists
         # a second replica's start: every entry exists already
         again = SingleBeatScheduler(app=app)
@@ -330,7 +330,7 @@ def measure_idle(plan: ScalePlan) -> dict[str, Any]:
     scheduler = SingleBeatScheduler(app=app)
     try:
         scheduler.tick()  # start-up: not idle
-        store = scheduler._store
+        store = scheduler.engine.store
         assert isinstance(store, SqlStore)
         before = store.round_trips
         start = time.monotonic()

@@ -499,7 +499,7 @@ def _tick_round_trips(label: str, url: str, size: int, ticks: int) -> dict[str, 
     try:
         # first tick: connect, create the tables, register, first sweep and prune
         delay = scheduler.tick()
-        store = scheduler._store
+        store = scheduler.engine.store
         assert isinstance(store, SqlStore)
         # With pool_pre_ping (PostgreSQL, MariaDB) every checkout costs one more
         # round trip that SqlStore.round_trips does not see: count them apart.

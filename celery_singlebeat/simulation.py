@@ -17,11 +17,12 @@ database down on the way (:class:`ReplicaStopped`, :class:`ReplicaKilled`,
 :class:`DatabaseDown`). :func:`assert_runs` compares the answer with what you
 expect and says which run is missing, doubled or unexpected.
 
-While a fleet is open the scheduler module's monotonic clock and wake-up
-jitter follow the fleet (its fake clock, a seeded random generator), so that
-sweeps, takeovers and prunes happen on simulated time and every run gives the
-same answer. Hence one open fleet per process at a time; never run a real
-``SingleBeatScheduler`` in another thread of the same process meanwhile.
+Every replica of a fleet is given the fleet's clocks and random generator
+(an :class:`~celery_singlebeat.engine.Environment`: its fake clock, a seeded
+generator), so that sweeps, takeovers and prunes happen on simulated time and
+every run gives the same answer. Nothing of the process is patched; one fleet
+is open per process at a time all the same, since it switches the app's
+``task_always_eager`` off while it runs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import heapq
 import random
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -40,9 +40,9 @@ from kombu.connection import Connection
 from kombu.simple import SimpleQueue
 from kombu.transport import memory, virtual
 
-from . import scheduler as scheduler_module
 from . import signals
 from .clock import US, datetime_to_us, us_to_datetime
+from .engine import Environment
 from .slots import SLOT_HEADER
 from .telemetry import NOTHING, Telemetry
 from .testing import DEFAULT_START, FakeClock, MemoryScheduler, MemoryStore
@@ -141,26 +141,6 @@ def _private_transport() -> type[memory.Transport]:
     return Transport
 
 
-# -- simulated time in the scheduler module ------------------------------------------
-
-
-class _SimulatedTime:
-    """What the scheduler module sees as ``time``: the fleet's clock for the
-    monotonic and wall clocks, the real module for everything else."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self._clock = clock
-
-    def monotonic(self) -> float:
-        return self._clock() / US
-
-    def time(self) -> float:
-        return self._clock() / US
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 _open_fleet: list[Fleet] = []
 _open_guard = threading.Lock()
 
@@ -171,12 +151,13 @@ _open_guard = threading.Lock()
 class _Replica(MemoryScheduler):
     """The real scheduler on the fleet's store, broker connection and name."""
 
-    def __init__(self, app: Any, *, store: MemoryStore, connection: Any, name: str) -> None:
+    def __init__(
+        self, app: Any, *, store: MemoryStore, connection: Any, name: str, env: Environment
+    ) -> None:
         self._fleet_connection = connection
-        super().__init__(app, store=store)
         # replica ids must differ between processes (docs/configuration.md); a
         # fixed id in the app's settings would make every simulated replica one
-        self.settings = replace(self.settings, replica_id=name)
+        super().__init__(app, store=store, env=env, replica_id=name)
 
     @property
     def connection(self) -> Any:
@@ -234,13 +215,16 @@ class Fleet:
             if _open_fleet:
                 raise RuntimeError(
                     "another celery_singlebeat.simulation.Fleet is open in this process: "
-                    "close it first (the scheduler's clock follows one fleet at a time)"
+                    "close it first (a fleet switches its app's task_always_eager off)"
                 )
             _open_fleet.append(self)
-        # the scheduler module's globals, replaced while the fleet is open
-        namespace = vars(scheduler_module)
-        self._saved = {name: namespace[name] for name in ("time", "random")}
-        namespace.update(time=_SimulatedTime(self.clock), random=random.Random(seed))
+        # every replica's clocks: the fleet's, and one seeded generator for all
+        clock = self.clock
+        self._env = Environment(
+            monotonic=lambda: clock() / US,
+            time=lambda: clock() / US,
+            random=random.Random(seed),
+        )
         self._eager = app.conf.task_always_eager
         app.conf.task_always_eager = False
         self._connection = Connection(transport=_private_transport())  # type: ignore[no-untyped-call]
@@ -266,7 +250,9 @@ class Fleet:
         name = f"replica-{number}"
         if self._restarts[number] > 1:
             name += f"#{self._restarts[number]}"
-        replica = _Replica(self.app, store=self.store, connection=self._connection, name=name)
+        replica = _Replica(
+            self.app, store=self.store, connection=self._connection, name=name, env=self._env
+        )
         self.replicas[number] = replica
         self._wake[number] = self.clock()
         return replica
@@ -406,7 +392,8 @@ class Fleet:
         """Each entry's time zone (its crontab's ``tz``, else the app's)."""
         for replica in self.replicas.values():
             if replica is not None:
-                return {name: replica._tz_of(e) for name, e in replica.schedule.items()}
+                agenda = replica.engine.agenda
+                return {name: agenda.tz_of(d) for name, d in replica.entries.items()}
         return {}
 
     # -- closing -------------------------------------------------------------
@@ -426,7 +413,6 @@ class Fleet:
                 queue.close()  # type: ignore[no-untyped-call]
             self._connection.release()  # type: ignore[no-untyped-call]
             self.app.conf.task_always_eager = self._eager
-            vars(scheduler_module).update(self._saved)
             with _open_guard:
                 if self in _open_fleet:
                     _open_fleet.remove(self)

@@ -12,30 +12,32 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace
 
 import pytest
 from celery.schedules import crontab
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
-from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US
+from celery_singlebeat.engine import Environment
 from celery_singlebeat.testing import FakeClock, MemoryScheduler
 
 LEASE = 15.0
 
 
 @pytest.fixture
-def simulated(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeClock], None]:
-    """The scheduler's monotonic clock follows the fake clock; no jitter."""
+def simulated() -> Callable[[Harness], None]:
+    """The harness's replicas' monotonic clock follows its fake clock; their
+    jitter is seeded."""
 
-    def install(clock: FakeClock) -> None:
-        fake = SimpleNamespace(monotonic=lambda: clock() / US, time=__import__("time").time)
-        monkeypatch.setattr(scheduler_module, "time", fake)
-        monkeypatch.setattr(scheduler_module, "random", random.Random(0))
+    def install(harness: Harness) -> None:
+        clock = harness.clock
+        harness.simulated = Environment(
+            monotonic=lambda: clock() / US, time=time.time, random=random.Random(0)
+        )
 
     return install
 
@@ -53,13 +55,13 @@ def run_loop(clock: FakeClock, replicas: list[MemoryScheduler], until_us: int) -
 
 def test_a_lone_replica_stepped_back_sends_every_slot_once_by_its_next_sweep(
     harness_for: Callable[..., Harness],  # noqa: F811
-    simulated: Callable[[FakeClock], None],
+    simulated: Callable[[Harness], None],
 ) -> None:
     # lease 15 s: a sweep every 5 s, not later than the 5 s grace, so every slot
     # the step hid is still on time when the sweep's round trip corrects the clock
     harness = harness_for({"job": every(1)}, singlebeat_lease=LEASE)
     local = harness.steppable()
-    simulated(harness.clock)
+    simulated(harness)
     t0 = harness.t0_us
     replica = harness.replica()
     # half-way between two sweeps (every 5 s from the first tick at t0)
@@ -73,7 +75,7 @@ def test_a_lone_replica_stepped_back_sends_every_slot_once_by_its_next_sweep(
     assert sorted(counts) == [t0 + k * US for k in range(1, 40)]
     assert replica.stats["skipped"] == 0
     # and the replica corrected its clock within a sweep interval of the step
-    assert abs(replica._store.clock.now_us() - harness.clock()) < US // 10
+    assert abs(replica.engine.store.clock.now_us() - harness.clock()) < US // 10
     claimed = {row.slot_us: row.claimed_us for row in harness.store.slot_rows()}
     late = [at for at in counts if at >= stepped_at and claimed[at] - at > US]
     assert late, "the step hid no slot: the test tests nothing"
@@ -83,7 +85,7 @@ def test_a_lone_replica_stepped_back_sends_every_slot_once_by_its_next_sweep(
 
 def test_a_lone_replica_stepped_back_past_the_grace_applies_the_missed_run_policy(
     harness_for: Callable[..., Harness],  # noqa: F811
-    simulated: Callable[[FakeClock], None],
+    simulated: Callable[[Harness], None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # lease 45 s: a sweep every 15 s, so slots the step hid can be older than
@@ -91,7 +93,7 @@ def test_a_lone_replica_stepped_back_past_the_grace_applies_the_missed_run_polic
     caplog.set_level(logging.WARNING, logger="celery_singlebeat")
     harness = harness_for({"job": every(1)}, singlebeat_lease=45.0)
     local = harness.steppable()
-    simulated(harness.clock)
+    simulated(harness)
     t0 = harness.t0_us
     replica = harness.replica()
     run_loop(harness.clock, [replica], t0 + 16 * US)
@@ -110,13 +112,13 @@ def test_a_lone_replica_stepped_back_past_the_grace_applies_the_missed_run_polic
 
 def test_replicas_with_different_crontabs_for_one_entry_run_the_union_once(
     harness_for: Callable[..., Harness],  # noqa: F811
-    simulated: Callable[[FakeClock], None],
+    simulated: Callable[[Harness], None],
 ) -> None:
     start = datetime(2026, 3, 2, 9, 0, 30, tzinfo=timezone.utc)
     harness = harness_for({"report": {"task": TASK, "schedule": crontab(minute="*/2")}})
     harness.clock = FakeClock(start)
     harness.store = type(harness.store)(now_us=harness.clock)
-    simulated(harness.clock)
+    simulated(harness)
     old = harness.replica()
     new_app_schedule = {"report": {"task": TASK, "schedule": crontab(minute="*/3")}}
     harness.app.conf.beat_schedule = new_app_schedule

@@ -101,8 +101,8 @@ def test_pausing_every_entry_and_a_pause_that_ends_by_itself(
 def test_run_now_sends_one_extra_message_with_its_own_task_id_and_slot_header(
     harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shift = monotonic_shift(monkeypatch)
     harness = harness_for({"hourly": every(3600, priority=3)})
+    shift = monotonic_shift(harness)
     replicas = [harness.replica(), harness.replica(), harness.replica()]
     run(harness, replicas, 1, shift)
     assert harness.drain() == []
@@ -123,8 +123,8 @@ def test_run_now_sends_one_extra_message_with_its_own_task_id_and_slot_header(
 def test_replica_rows_record_each_replica_and_a_graceful_stop(
     harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shift = monotonic_shift(monkeypatch)
     harness = harness_for({"a": every(1), "b": every(2)})
+    shift = monotonic_shift(harness)
     replicas = [harness.replica(), harness.replica()]
     # a few heartbeats: the first records the share each replica had before it
     # saw the other (both proposing everything first)
@@ -147,8 +147,8 @@ def test_replica_rows_record_each_replica_and_a_graceful_stop(
 def test_an_idle_sweep_with_no_claimed_row_anywhere_skips_the_takeover(
     harness_for: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shift = monotonic_shift(monkeypatch)
     harness = harness_for({"hourly": every(3600)})
+    shift = monotonic_shift(harness)
     replica = harness.replica()
     run(harness, [replica], 1, shift)
     taken: list[int] = []

@@ -20,13 +20,11 @@ high-water mark the way a real day would.
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
-from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -35,8 +33,8 @@ from celery import Celery
 from celery.schedules import crontab
 from kombu.simple import SimpleQueue
 
-from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.engine import Environment
 from celery_singlebeat.sharing import first_replicas
 from celery_singlebeat.slots import SLOT_HEADER, sequence_for
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
@@ -241,8 +239,9 @@ class Sent:
 class Fleet:
     """Replicas of one app sharing a MemoryStore, their time on a FakeClock."""
 
-    def __init__(self, app: Celery, queue: SimpleQueue, clock: FakeClock) -> None:
+    def __init__(self, app: Celery, queue: SimpleQueue, clock: FakeClock, env: Environment) -> None:
         self.app = app
+        self.env = env
         self.queue = queue
         self.clock = clock
         self.store = MemoryStore(now_us=clock)
@@ -251,8 +250,9 @@ class Fleet:
     def add(self, store: Any = None) -> MemoryScheduler:
         """A replica named ``r<n>``: fixed ids make the split of the entries
         among the replicas (rendezvous hashing of the ids) the same each run."""
-        replica = MemoryScheduler(self.app, store=store or self.store)
-        replica.settings = replace(replica.settings, replica_id=f"r{len(self.replicas)}")
+        replica = MemoryScheduler(
+            self.app, store=store or self.store, env=self.env, replica_id=f"r{len(self.replicas)}"
+        )
         self.replicas.append(replica)
         return replica
 
@@ -274,23 +274,16 @@ class Fleet:
         self.clock.advance(timedelta(microseconds=at_us - self.clock()))
 
 
-@pytest.fixture
-def simulated_time(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeClock, int], None]:
-    """Make the scheduler's monotonic clock follow the fake clock, and its wake-up
-    jitter reproducible (``seed``)."""
-
-    def install(clock: FakeClock, seed: int) -> None:
-        fake = SimpleNamespace(monotonic=lambda: clock() / US, time=time.time)
-        monkeypatch.setattr(scheduler_module, "time", fake)
-        monkeypatch.setattr(scheduler_module, "random", random.Random(seed))
-
-    return install
+def simulated_env(clock: FakeClock, seed: int) -> Environment:
+    """The replicas' monotonic clock follows the fake clock; their wake-up
+    jitter is reproducible (``seed``)."""
+    return Environment(
+        monotonic=lambda: clock() / US, time=lambda: clock() / US, random=random.Random(seed)
+    )
 
 
 @pytest.fixture
-def fleet_for(
-    simulated_time: Callable[[FakeClock, int], None],
-) -> Iterator[Callable[..., Fleet]]:
+def fleet_for() -> Iterator[Callable[..., Fleet]]:
     opened: list[tuple[Any, SimpleQueue]] = []
 
     def build(schedule: dict[str, crontab], start: datetime, seed: int = 0, **conf: Any) -> Fleet:
@@ -306,8 +299,7 @@ def fleet_for(
         queue = conn.SimpleQueue(queue_name, no_ack=True)
         opened.append((conn, queue))
         clock = FakeClock(start)
-        simulated_time(clock, seed)
-        return Fleet(app, queue, clock)
+        return Fleet(app, queue, clock, simulated_env(clock, seed))
 
     yield build
     for conn, queue in opened:

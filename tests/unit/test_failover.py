@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -49,7 +48,7 @@ def _fail_over(
     for replica in replicas[1:] + replicas[:1]:  # the fallbacks of r0's share first
         replica.tick()
     # past the hold: every replica has written its own again, the fallbacks go on
-    shift[0] += hold_seconds(replicas[0]._sweep_every) + 0.1
+    shift[0] += hold_seconds(replicas[0].engine.sweep_every) + 0.1
     _round(harness, replicas)
     return Counter((m.entry, m.at_us) for m in harness.drain() if m.at_us <= slot_us + 1_000_000)
 
@@ -60,7 +59,7 @@ def test_the_slots_a_failover_lost_are_written_again_not_sent_twice(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     harness = harness_for({f"job-{i:02d}": every(1) for i in range(ENTRIES)})
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
     replicas = _sharing(harness, 3)
     caplog.set_level(logging.ERROR, logger="celery_singlebeat")
     sent = _fail_over(harness, replicas, shift)
@@ -84,12 +83,11 @@ def test_without_the_journal_the_fallbacks_send_the_lost_slots_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The control: the same failover with singlebeat_failover_window = 0."""
-    harness = harness_for({f"job-{i:02d}": every(1) for i in range(ENTRIES)})
-    shift = monotonic_shift(monkeypatch)
+    harness = harness_for(
+        {f"job-{i:02d}": every(1) for i in range(ENTRIES)}, singlebeat_failover_window=0
+    )
+    shift = monotonic_shift(harness)
     replicas = _sharing(harness, 3)
-    for replica in replicas:
-        replica.settings = replace(replica.settings, failover_window=timedelta(0))
-        replica._journal = SentJournal(0)
     sent = _fail_over(harness, replicas, shift)
     assert len(sent) == 2 * ENTRIES
     doubled = [key for key, n in sent.items() if n > 1]
@@ -126,10 +124,10 @@ def _dead_replicas_share(
         singlebeat_missed_policy=policy,
         singlebeat_missed_grace=5,
     )
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
     replicas = _sharing(harness, 3)
-    share = {name for name, tracked in replicas[0]._tracked.items() if tracked.first}
-    assert share and hold_seconds(replicas[1]._sweep_every) > 5
+    share = {name for name, tracked in replicas[0].engine.tracked.items() if tracked.first}
+    assert share and hold_seconds(replicas[1].engine.sweep_every) > 5
     caplog.set_level(logging.WARNING, logger="celery_singlebeat")
     return harness, shift, replicas, share, harness.t0_us
 
@@ -177,7 +175,7 @@ def test_a_dead_replicas_share_held_past_the_grace_is_sent_not_dropped(
         harness_for, monkeypatch, caplog, policy
     )
     harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
-    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    rounds = int(hold_seconds(replicas[1].engine.sweep_every)) + 3
     _rounds(harness, shift, replicas, rounds)
     _assert_share_sent_once(harness, replicas, share, start_us, rounds, caplog)
 
@@ -202,10 +200,10 @@ def test_a_share_dealt_anew_during_the_hold_is_judged_as_of_its_start(
     before = 11
     _rounds(harness, shift, replicas, before)
     harness.store.lose_writes(harness.store._now_us())  # a broken connection, nothing lost
-    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    rounds = int(hold_seconds(replicas[1].engine.sweep_every)) + 3
     _rounds(harness, shift, replicas, rounds)
     # dealt anew during the hold: r1 and r2 now propose r0's share first
-    r1, r2 = replicas[1]._tracked, replicas[2]._tracked
+    r1, r2 = replicas[1].engine.tracked, replicas[2].engine.tracked
     assert all(r1[name].first != r2[name].first for name in share)
     _assert_share_sent_once(harness, replicas, share, start_us, before + rounds, caplog)
 
@@ -257,8 +255,8 @@ def test_slots_a_hold_kept_back_stay_on_time_after_an_outage_that_cut_it_short(
     outage = 30
     with harness.store.outage():
         _rounds(harness, shift, replicas, outage)
-    assert all(r._outage_since is not None for r in replicas[1:])
-    rounds = int(hold_seconds(replicas[1]._sweep_every)) + 3
+    assert all(r.engine.outage.since is not None for r in replicas[1:])
+    rounds = int(hold_seconds(replicas[1].engine.sweep_every)) + 3
     _rounds(harness, shift, replicas, rounds)
     sent = Counter((m.entry, m.at_us) for m in harness.drain())
     assert max(sent.values()) == 1

@@ -150,7 +150,7 @@ def test_the_bounds_copy_what_the_scheduler_and_the_store_do(
     assert psycopg_timeout.DEFAULT_READ_TIMEOUT_S == health.ANSWER_TIMEOUT_S
     for lease in (1.2, 3, 15, 60):
         h = harness_for({"a": every(1)}, singlebeat_lease=lease)
-        assert h.replica()._sweep_every == health.sweep_period_s(lease)
+        assert h.replica().engine.sweep_every == health.sweep_period_s(lease)
 
 
 # -- the status file and the exec probe -------------------------------------------

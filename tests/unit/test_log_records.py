@@ -32,9 +32,9 @@ from test_scheduler import (
 from test_singleton import SLOT_US, eager_exceptions, make_hold, slot_apply, wait_until
 
 from celery_singlebeat import decisions
-from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.clock import US
 from celery_singlebeat.decisions import FIELDS
+from celery_singlebeat.engine import sending as sending_module
 from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.singleton.runtime import runtime_for
 from celery_singlebeat.slots import slot_task_id
@@ -129,8 +129,8 @@ def test_with_info_off_the_per_slot_line_costs_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     formatted: list[int] = []
-    real = scheduler_module.slot_text
-    monkeypatch.setattr(scheduler_module, "slot_text", lambda us: formatted.append(us) or real(us))
+    real = sending_module.slot_text
+    monkeypatch.setattr(sending_module, "slot_text", lambda us: formatted.append(us) or real(us))
     harness = harness_for({f"job-{i}": every(1) for i in range(3)})
     replica = harness.replica()
     caplog.set_level(logging.WARNING, logger="celery_singlebeat")
@@ -189,7 +189,7 @@ def test_a_failed_publish_then_its_slot_taken_back(
     assert fields(failed) == slot("publish_failed", me, "job", t0 + US, fence=1)
     assert not decided(caplog, decisions.UNTRIED)  # nothing else was in the batch
 
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
     shift[0] += replica.settings.lease.total_seconds()  # its next sweep is due
     replica.tick()
     assert [m.at_us for m in harness.drain()] == [t0 + US]
@@ -250,7 +250,7 @@ def test_slots_whose_lease_ran_out_before_publishing(
     replica = harness.replica()
     replica.tick()
     harness.clock.advance(SECOND)
-    tick_stalled_past_lease(replica, monkeypatch)  # a slow receiver
+    tick_stalled_past_lease(replica, harness)  # a slow receiver
     assert harness.drain() == []
     [expired] = decided(caplog, decisions.EXPIRED)
     assert expired.levelno == logging.WARNING

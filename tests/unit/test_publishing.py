@@ -7,7 +7,6 @@ group is flushed, and a flush can fail as a whole.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +15,6 @@ from kombu import Connection, Queue
 from kombu.messaging import Producer
 from test_scheduler import SECOND, Harness, every, harness_for  # noqa: F401
 
-from celery_singlebeat import scheduler as scheduler_module
 from celery_singlebeat.publishing import GROUP_SIZE, PublishGroup, skip_declared
 
 
@@ -123,15 +121,7 @@ def test_a_group_is_never_flushed_after_the_publish_deadline(
     harness.clock.advance(SECOND)
     # Monotonic time runs normally until the 20th message is buffered, then jumps
     # past the deadline (a stall): the buffered group must be dropped, not sent.
-    offset = [0.0]
-    real = scheduler_module.time
-    monkeypatch.setattr(
-        scheduler_module,
-        "time",
-        types.SimpleNamespace(
-            monotonic=lambda: real.monotonic() + offset[0], time=real.time, sleep=real.sleep
-        ),
-    )
+    offset = harness.shift
     original = PipelinedProducer.publish
     count = [0]
 

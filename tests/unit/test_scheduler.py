@@ -17,7 +17,7 @@ import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from kombu.simple import SimpleQueue
 
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler, signals
 from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.engine import Environment
 from celery_singlebeat.exceptions import StoreUnavailable
 from celery_singlebeat.sharing import first_replicas
 from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
@@ -74,15 +75,30 @@ class Harness:
     queue: SimpleQueue
     clock: FakeClock = field(default_factory=FakeClock)
     store: MemoryStore = field(init=False)
+    #: how far the replicas' monotonic clock runs ahead of the real one (seconds)
+    shift: list[float] = field(default_factory=lambda: [0.0])
+    #: the replicas' clocks instead, when a test simulates time (test_clock_steps)
+    simulated: Environment | None = None
 
     def __post_init__(self) -> None:
         self.store = MemoryStore(now_us=self.clock)
+
+    @property
+    def env(self) -> Environment:
+        """The replicas' clocks: the real monotonic clock plus ``shift``."""
+        if self.simulated is not None:
+            return self.simulated
+        shift = self.shift
+        return Environment(
+            monotonic=lambda: time.monotonic() + shift[0], time=time.time, random=random.Random()
+        )
 
     @property
     def t0_us(self) -> int:
         return datetime_to_us(self.clock.now())
 
     def replica(self, **kwargs: Any) -> MemoryScheduler:
+        kwargs.setdefault("env", self.env)
         return MemoryScheduler(self.app, store=self.store, **kwargs)
 
     def steppable(self) -> SteppableClock:
@@ -157,19 +173,16 @@ def harness_for() -> Iterator[Callable[..., Harness]]:
         conn.release()
 
 
-def monotonic_shift(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Make ``time.monotonic`` run ``shift[0]`` seconds ahead (the scheduler's
-    sweeps and publish deadlines); returns ``shift`` for the test to move."""
-    shift = [0.0]
-    real = time.monotonic
-    monkeypatch.setattr(time, "monotonic", lambda: real() + shift[0])
-    return shift
+def monotonic_shift(harness: Harness) -> list[float]:
+    """The shift by which the harness's replicas' monotonic clock runs ahead
+    of the real one (their sweeps and publish deadlines), for the test to move."""
+    return harness.shift
 
 
-def tick_stalled_past_lease(replica: MemoryScheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+def tick_stalled_past_lease(replica: MemoryScheduler, harness: Harness) -> None:
     """One tick whose ``slot_claimed`` receivers take longer than the lease (a
     slow receiver): the replica must not publish what it claimed."""
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
 
     def stall(**_: Any) -> None:
         shift[0] += replica.settings.lease.total_seconds()
@@ -196,11 +209,9 @@ def test_two_replicas_sharing_a_store_never_send_the_same_slot(
 ) -> None:
     harness = harness_for({"fast": every(1), "slow": every(3), "odd": every(1.5)})
     t0 = harness.t0_us
-    replicas = [harness.replica(), harness.replica()]
     # fixed ids: each is the first replica of some entries (rendezvous hashing
     # of the ids; random ids give one replica all three a quarter of the time)
-    for i, replica in enumerate(replicas):
-        replica.settings = replace(replica.settings, replica_id=f"r{i}")
+    replicas = [harness.replica(replica_id=f"r{i}") for i in range(2)]
     assert set(first_replicas(["fast", "slow", "odd"], ("r0", "r1")).values()) == {"r0", "r1"}
     order = random.Random(7)
     for _ in range(80):
@@ -359,7 +370,7 @@ def test_a_slot_of_an_unknown_entry_is_held_back_after_a_failed_batch_too(
         replica.tick()
     else:
         replica = harness.replica()
-        tick_stalled_past_lease(replica, monkeypatch)  # a slow receiver
+        tick_stalled_past_lease(replica, harness)  # a slow receiver
     assert harness.drain() == []
     rows = {row.entry: row for row in store.slot_rows()}
     assert (rows["job"].state, rows["job"].lease_until_us) == (0, 0)
@@ -489,7 +500,7 @@ def test_claims_published_before_a_failed_confirm_are_confirmed_first_thing(
     store, replica, pending = _published_then_unconfirmed(harness)
     next_us = pending[0].slot_us + US
 
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
     shift[0] += replica.settings.lease.total_seconds() / 3  # its next sweep is due
     harness.clock.advance(SECOND)  # and the next slots
     store.calls.clear()
@@ -576,7 +587,7 @@ def test_a_released_slot_is_taken_over_only_by_another_replica(
     FlakyBroker.down = False
     claimed_signals.clear()
     if taker == "itself":
-        shift = monotonic_shift(monkeypatch)
+        shift = monotonic_shift(harness)
         shift[0] += replica.settings.lease.total_seconds()  # its next sweep is due
         replica.tick()
         sweeper = replica
@@ -782,7 +793,7 @@ def test_a_sweep_takes_over_at_most_the_takeover_batch_oldest_first(
     harness.clock.advance(2 * SECOND)
     oldest_first = sorted(keys, key=lambda k: (k.slot_us, k.entry))
 
-    shift = monotonic_shift(monkeypatch)
+    shift = monotonic_shift(harness)
     replica = harness.replica()
     assert replica.settings.takeover_batch == 3
     sweeps = []
@@ -1079,12 +1090,12 @@ def test_tracking_a_crontab_entry_keeps_a_few_kib_not_a_list_of_its_minutes(
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    assert len(replica._tracked) == entries
+    assert len(replica.engine.tracked) == entries
     kept = sum(
         stat.size_diff
         for stat in after.compare_to(before, "filename")
         if "celery_singlebeat" in stat.traceback[0].filename
     )
     assert kept / entries < 1024, f"{kept / entries / 1024:.1f} KiB per crontab entry"
-    sequences = {id(t.sequence.fields) for t in replica._tracked.values()}  # type: ignore[attr-defined]
+    sequences = {id(t.sequence.fields) for t in replica.engine.tracked.values()}  # type: ignore[attr-defined]
     assert len(sequences) == 1

@@ -128,9 +128,7 @@ def test_the_defaults_are_the_ones_applied() -> None:
     assert str(settings.url) == setting_default("singlebeat_url")
     assert settings.lease == timedelta(seconds=setting_default("singlebeat_lease"))
     assert settings.retention == timedelta(seconds=setting_default("singlebeat_retention"))
-    assert settings.run_retention == timedelta(
-        seconds=setting_default("singlebeat_run_retention")
-    )
+    assert settings.run_retention == timedelta(seconds=setting_default("singlebeat_run_retention"))
     assert settings.missed.mode == setting_default("singlebeat_missed_policy")
     assert settings.missed.grace_us == setting_default("singlebeat_missed_grace") * 1_000_000
     assert settings.missed.max_missed == setting_default("singlebeat_missed_max")

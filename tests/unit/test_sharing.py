@@ -13,7 +13,6 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -118,10 +117,8 @@ SECOND_US = 1_000_000
 
 
 def _start(harness: Harness, replicas: list[MemoryScheduler]) -> None:
-    """Give each replica its own id and run its first tick; the clock then stands
+    """Run each replica's first tick (each has its own id, r0, r1, ...); the clock then stands
     FALLBACK after an (unclaimed) slot instant, where every round leaves it."""
-    for i, replica in enumerate(replicas):
-        replica.settings = replace(replica.settings, replica_id=f"r{i}")
     for replica in replicas:
         replica.tick()
     harness.clock.advance(FALLBACK)
@@ -131,7 +128,7 @@ def _round(harness: Harness, replicas: list[MemoryScheduler]) -> None:
     """One second: every replica ticks at the slot, then after the fallback delay."""
     harness.clock.advance(SECOND - FALLBACK)
     for replica in replicas:
-        replica._next_sweep = 0  # refresh the live replicas now, not in 5 real seconds
+        replica.engine.sweep_now()  # refresh the live replicas now, not in 5 real seconds
         replica.tick()
     harness.clock.advance(FALLBACK)
     for replica in replicas:
@@ -141,11 +138,11 @@ def _round(harness: Harness, replicas: list[MemoryScheduler]) -> None:
 def _sharing(harness: Harness, count: int) -> list[MemoryScheduler]:
     """``count`` replicas that have each sent a heartbeat, so that all see one
     another (the first to start saw only itself at its first tick)."""
-    replicas = [harness.replica() for _ in range(count)]
+    replicas = [harness.replica(replica_id=f"r{i}") for i in range(count)]
     _start(harness, replicas)
     _round(harness, replicas)
     harness.drain()
-    assert all(len(r._live) == count for r in replicas)
+    assert all(len(r.engine.live) == count for r in replicas)
     return replicas
 
 
@@ -206,11 +203,11 @@ def test_the_share_of_a_replica_that_stops_is_sent_after_the_fallback_delay(
     # default lease), r0 and r1 split everything.
     for _ in range(16):
         _round(harness, alive)
-        assert all(r._live == ("r0", "r1", "r2") for r in alive)
+        assert all(r.engine.live == ("r0", "r1", "r2") for r in alive)
     for _ in range(2):
         _round(harness, alive)
     harness.drain()
-    assert all(r._live == ("r0", "r1") for r in alive)
+    assert all(r.engine.live == ("r0", "r1") for r in alive)
     harness.clock.advance(SECOND - FALLBACK)
     for replica in alive:
         replica.tick()
@@ -227,18 +224,18 @@ def test_a_sparse_schedule_still_shares_among_the_live_replicas(
     n = 12
     names = [f"hourly-{i:02d}" for i in range(n)]
     harness = harness_for({name: every(3600) for name in names})
-    replicas = [harness.replica() for _ in range(3)]
+    replicas = [harness.replica(replica_id=f"r{i}") for i in range(3)]
     _start(harness, replicas)
     for replica in replicas:
-        replica._next_sweep = 0
+        replica.engine.sweep_now()
         replica.tick()  # a heartbeat each, minutes before anything is due
     live = ("r0", "r1", "r2")
-    assert all(r._live == live for r in replicas)
+    assert all(r.engine.live == live for r in replicas)
     split = first_replicas(names, live)
     assert set(split.values()) == set(live)  # 12 entries: each replica has some
     harness.clock.advance(HOUR - FALLBACK)  # the hourly slot, due now
     for replica in replicas:  # r0 wakes first, and claims only its own share
-        replica._next_sweep = 1e18  # no further heartbeat needed
+        replica.engine.next_sweep = 1e18  # no further heartbeat needed
         replica.tick()
     sent = harness.drain()
     assert len(sent) == n and all(m.at_us == sent[0].at_us for m in sent)
@@ -262,9 +259,9 @@ def test_a_gracefully_stopped_replica_hands_its_share_over_at_the_next_heartbeat
     alive = replicas[:2]
     harness.clock.advance(SECOND - FALLBACK)
     for replica in alive:
-        replica._next_sweep = 0  # their next heartbeat
+        replica.engine.sweep_now()  # their next heartbeat
         replica.tick()
-    assert all(r._live == ("r0", "r1") for r in alive)
+    assert all(r.engine.live == ("r0", "r1") for r in alive)
     sent = harness.drain()
     assert sorted(m.entry for m in sent) == names  # every slot at once, r2's too
     assert len({m.at_us for m in sent}) == 1
@@ -276,23 +273,23 @@ def test_a_replica_counts_itself_before_its_row_is_read_and_a_paused_one_is_drop
     harness_for: Callable[..., Harness],  # noqa: F811
 ) -> None:
     harness = harness_for({f"job-{i}": every(1) for i in range(6)})
-    replicas = [harness.replica() for _ in range(2)]
+    replicas = [harness.replica(replica_id=f"r{i}") for i in range(2)]
     _start(harness, replicas)
-    assert replicas[0]._live == ("r0",)  # its first heartbeat: only itself
+    assert replicas[0].engine.live == ("r0",)  # its first heartbeat: only itself
     # r1 stops ticking (SIGSTOP): r0 drops it once its row is older than
     # 3 heartbeats + 2 s (17 s), and not before. The clock stands 0.25 s after
     # r1's heartbeat: 16 s later r1 is still live, 17 s later not any more.
-    assert live_within_us(round(replicas[1]._sweep_every * SECOND_US)) == 17 * SECOND_US
+    assert live_within_us(round(replicas[1].engine.sweep_every * SECOND_US)) == 17 * SECOND_US
     for _ in range(16):
         harness.clock.advance(SECOND)
-        replicas[0]._next_sweep = 0
+        replicas[0].engine.sweep_now()
         replicas[0].tick()
-        assert replicas[0]._live == ("r0", "r1")
+        assert replicas[0].engine.live == ("r0", "r1")
     harness.clock.advance(SECOND)
-    replicas[0]._next_sweep = 0
+    replicas[0].engine.sweep_now()
     replicas[0].tick()
-    assert replicas[0]._live == ("r0",)
+    assert replicas[0].engine.live == ("r0",)
     # and once it resumes, its own first heartbeat counts it live again
-    replicas[1]._next_sweep = 0
+    replicas[1].engine.sweep_now()
     replicas[1].tick()
-    assert replicas[1]._live == ("r0", "r1")
+    assert replicas[1].engine.live == ("r0", "r1")

@@ -1,0 +1,156 @@
+"""Where the engine learns its entries: entry sources.
+
+The engine decides *when* a slot is due and *who* sends it; a source says
+*what* runs. Celery's ``beat_schedule`` is the first source
+(:mod:`.beat_source`); stored schedules and django-celery-beat's models are
+the next ones. A source hands the engine its full set of entries once, when
+the replica connects, and from then on the changes since a cursor it returns
+with each answer, as often as the engine asks (once a tick). Each entry is an
+:class:`EntryDefinition` with a revision that changes whenever the definition
+does, and names the source it came from, so that every message about an entry
+can say where to fix it.
+
+What the engine guarantees for entries that come, change and go while it
+runs (docs/algorithm.md, "Entry sources"):
+
+* an entry added is registered (its slot row history, its interval anchor)
+  and tracked from the tick that sees it; its first slot is the first after
+  its last recorded slot, or after that tick;
+* an entry changed follows its new definition from the tick that sees the
+  change: its next slot is the new definition's first instant after that
+  tick, so an edit never sends a burst of past slots; a slot already claimed
+  keeps the instant it was claimed for (one slot per entry and instant);
+* an entry removed is not proposed from the tick that sees its removal on;
+  a claimed slot of it that this replica has not yet published is left to a
+  replica that still has the entry (as during a rolling deploy);
+* two sources may not define one name: at start-up that stops beat with a
+  message naming both sources; at run time the second definition is refused
+  (logged at ERROR, naming both) and the first stays in force.
+
+Sources are read on the scheduler's thread only; a source that is edited from
+other threads (:class:`celery_singlebeat.testing.MemorySource`) guards its own
+state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any, NamedTuple
+
+from .exceptions import ConfigurationError, ScheduleError
+from .slots import MissedPolicy, sequence_for
+from .store.schema import MAX_ENTRY_NAME
+
+
+class EntryDefinition(NamedTuple):
+    """One entry as a source defines it: what to send, and when.
+
+    ``schedule`` is a Celery schedule (``crontab``, ``schedule``/``timedelta``,
+    ``solar``, or one whose ``remaining_estimate()`` says when it runs next).
+    ``options`` are the ``apply_async`` options sent with each run (never the
+    ``singlebeat_*`` keys, which configure us). ``policy`` and ``tz`` are None
+    for the replica's defaults (``singlebeat_missed_*``, Celery's timezone).
+    ``revision`` changes whenever anything else does; ``source`` names where
+    the entry came from, in messages (``beat_schedule``).
+    """
+
+    name: str
+    task: str
+    schedule: Any
+    args: Any = ()
+    kwargs: Any = None
+    options: Mapping[str, Any] = {}
+    policy: MissedPolicy | None = None
+    tz: Any = None
+    revision: str = ""
+    source: str = ""
+
+
+class ChangeKind(Enum):
+    """What happened to an entry since a cursor."""
+
+    ADDED = "added"
+    CHANGED = "changed"
+    REMOVED = "removed"
+
+
+class Change(NamedTuple):
+    """One change a source reports: ``definition`` is None for a removal."""
+
+    kind: ChangeKind
+    name: str
+    definition: EntryDefinition | None
+
+
+class EntrySource(ABC):
+    """A source of entries: a full set once, then changes since a cursor.
+
+    The cursor is the source's own (a version number, a commit-ordered
+    revision, a timestamp): the engine only keeps the last one each answer
+    returned and passes it back. A source must report every change after the
+    cursor it was given, in order; reporting one twice is harmless (an ADDED
+    for a known name is taken as CHANGED, a CHANGED for an unknown one as
+    ADDED, a REMOVED of an unknown one is ignored).
+    """
+
+    #: the source's name in messages ("beat_schedule")
+    label: str = "source"
+
+    @abstractmethod
+    def load(self) -> tuple[Sequence[EntryDefinition], object]:
+        """Every entry of the source now, and the cursor of that state.
+
+        Called when the replica first connects. Raises
+        :class:`~celery_singlebeat.exceptions.ConfigurationError` for an entry
+        that cannot be scheduled (that stops beat at start-up).
+        """
+
+    def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
+        """The changes since ``cursor`` and the cursor after them.
+
+        Called once a tick, so it must be cheap when nothing changed. A source
+        that never changes (``beat_schedule``) keeps this default.
+        """
+        return (), cursor
+
+    #: whether :meth:`sent` does anything: the engine skips the call otherwise
+    writes_back: bool = False
+
+    def sent(self, definition: EntryDefinition, slot_us: Sequence[int]) -> None:  # noqa: B027
+        """Called after slots of ``definition`` were published and recorded
+        (the database's clock; microseconds since the epoch), for a source that
+        keeps a run count or a last-run time. Must not raise: the slots are
+        sent whatever it does."""
+
+
+def check_definition(definition: EntryDefinition, tz: Any, now_us: int) -> None:
+    """Refuse an entry the replicas cannot schedule, naming its source.
+
+    A name longer than the slot table's column, or a schedule that cannot say
+    when it runs next (``remaining_estimate`` not implemented): found now, not
+    at the first tick that proposes it.
+    """
+    name, where = definition.name, definition.source or "source"
+    if len(name.encode()) > MAX_ENTRY_NAME:
+        raise ConfigurationError(
+            f"{where} entry name {name[:40]!r}... is longer than {MAX_ENTRY_NAME} bytes; shorten it"
+        )
+    try:
+        sequence_for(definition.schedule, 0, tz).next_after(now_us)
+    except ScheduleError as exc:
+        raise ConfigurationError(
+            f"{where}[{name!r}]: {exc}. Replicas can only agree on the runs of "
+            "crontab, interval and solar schedules, or of a schedule whose "
+            "remaining_estimate() says when it runs next"
+        ) from None
+
+
+__all__ = [
+    "Change",
+    "ChangeKind",
+    "EntryDefinition",
+    "EntrySource",
+    "check_definition",
+]
