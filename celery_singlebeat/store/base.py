@@ -19,7 +19,7 @@ suite, run against every store (in-memory, SQLite, PostgreSQL, MariaDB):
 * :class:`~.singleton_store.SingletonStore`: SingletonTask's leases and runs.
 
 :class:`Store` is all of them at once: what the scheduler opens, and what
-:class:`~.sql.SqlStore` and :class:`~celery_singlebeat.testing.MemoryStore`
+``SqlStore`` (``store/sql.py``) and :class:`~celery_singlebeat.testing.MemoryStore`
 implement. The value types the contracts speak in are in :mod:`.values`;
 every name stays importable from here.
 

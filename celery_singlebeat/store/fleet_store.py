@@ -4,7 +4,7 @@ What a replica writes so that the others and the operator know it (its
 heartbeat, its graceful stop, the catalog of its entries), what it reads of
 the operator's controls (the pauses, the control version, and on PostgreSQL a
 channel that hears each control change at its commit), and the prune of the
-fleet's rows. The operator's side of the same rows is :class:`.fleet.Fleet`.
+fleet's rows. The operator's side of the same rows is ``Fleet`` (``store/fleet.py``).
 The suite: ``tests/integration/test_fleet_contract.py``.
 
 Every method but :meth:`FleetStore.listen` has a default, so a store written
@@ -28,7 +28,7 @@ class ControlListener(ABC):
 
     A connection (or any channel) of its own, read without a round trip, so a
     replica honours a control within a second while idle at no statement at
-    all. PostgreSQL's is :class:`.listening.PostgresControlListener`.
+    all. PostgreSQL's is ``PostgresControlListener`` (``store/listening.py``).
     """
 
     @abstractmethod

@@ -31,9 +31,9 @@ class SingletonStore(StoreConnection):
         Won when the key has no row, or its lease has expired or was released:
         the row passes to ``owner`` with ``token = max(previous token + 1, now)``
         (``now`` for a new row) and ``expires_us = now + ttl_us``. Otherwise
-        nothing changes and the answer is the current holder (:class:`Busy`).
+        nothing changes and the answer is the current holder (:class:`.Busy`).
         Of concurrent callers on a free key exactly one wins. A holder asking
-        again does not renew: it gets :class:`Busy` like anyone else.
+        again does not renew: it gets :class:`.Busy` like anyone else.
         """
 
     @abstractmethod
