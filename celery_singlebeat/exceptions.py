@@ -30,7 +30,7 @@ class StoreUnavailable(SingleBeatError):
 
 class ConnectionReplaced(StoreUnavailable):
     """A round trip found its connection broken, and the store connected again
-    without sending the statement (``SqlStore.stop_at_reconnect``).
+    without sending the statement (:attr:`.StoreConnection.stop_at_reconnect`).
 
     The server answering now may be a promoted standby that lacks the last
     commits: the scheduler writes back what it sent before it decides anything

@@ -8,13 +8,12 @@ those slots again and send them a second time.
 
 So each replica keeps the slots it confirmed during the last
 ``singlebeat_failover_window`` (:class:`SentJournal`), and after any broken
-connection (:attr:`Store.interruptions <celery_singlebeat.store.base.Store.interruptions>`)
-writes them again (:meth:`Store.reassert
-<celery_singlebeat.store.base.Store.reassert>`) before it proposes anything
-old. Meanwhile it holds its fallback proposals and sweeps for
-:func:`hold_seconds`: long enough for every other live replica, which saw the
-same broken connection, to write its own again first. docs/guarantees.md,
-"Database failover", says what this leaves.
+connection (:attr:`.StoreConnection.interruptions`) writes them again
+(:meth:`.SlotStore.reassert`) before it proposes anything old. Meanwhile it
+holds its fallback proposals and sweeps for :func:`hold_seconds`: long enough
+for every other live replica, which saw the same broken connection, to write
+its own again first. docs/guarantees.md, "Database failover", says what this
+leaves.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every replica upserts its row in the replicas table with each heartbeat (its
 sweep, a third of the lease: 5 s by default) and marks it stopped when it stops
-gracefully (:meth:`.Store.heartbeat`, :meth:`.Store.stopped`). A replica is
-live while its row is not stopped and was seen within ``LIVE_HEARTBEATS``
+gracefully (:meth:`.FleetStore.heartbeat`, :meth:`.FleetStore.stopped`). A
+replica is live while its row is not stopped and was seen within ``LIVE_HEARTBEATS``
 of its own heartbeat periods plus ``LIVE_SLACK_US`` (17 s by default),
 judged on the database's clock (``seen_us`` is the database's instant of the
 heartbeat, ``now_us`` the database's instant of the read).

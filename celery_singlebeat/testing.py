@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 
 from .clock import DatabaseClock, datetime_to_us, us_to_datetime
 from .config import read_setting
-from .exceptions import SchemaError, StoreUnavailable
+from .exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from .membership import replica_live
 from .scheduler import SingleBeatScheduler
 from .store.base import (
@@ -61,6 +61,7 @@ from .store.base import (
     Busy,
     CatalogEntry,
     Claim,
+    ControlListener,
     EntryState,
     Lease,
     Pause,
@@ -232,6 +233,13 @@ class MemoryStore(Store):
         self.round_trips = 0
         #: operations refused while unavailable, and lose_writes() calls
         self.interruptions = 0
+        #: True: the round trip after :meth:`lose_writes` raises
+        #: ConnectionReplaced and does nothing, as the SQL store's does on the
+        #: connection that replaced a broken one
+        #: (:attr:`.StoreConnection.stop_at_reconnect`)
+        self.stop_at_reconnect = False
+        #: lose_writes() broke the connection; the next round trip finds it so
+        self._broken = False
 
     # -- test helpers ------------------------------------------------------
 
@@ -318,6 +326,16 @@ class MemoryStore(Store):
                     raise StoreUnavailable(f"{what} failed: the memory store is unavailable")
                 # what a SQL database answers for a missing table
                 raise StoreUnavailable(f"{what} failed: no schema (call prepare first)")
+            if self._broken:
+                # connected again (lose_writes counted the break); the SQL
+                # store's executor sends nothing on the new connection when asked
+                self._broken = False
+                if self.stop_at_reconnect:
+                    if hook is not None:
+                        hook(0.0, False)
+                    raise ConnectionReplaced(
+                        f"{what}: the connection to the database broke; reconnected"
+                    )
             self.round_trips += 1
             now = self._now_us()
             local = self.clock.local_us()
@@ -330,7 +348,7 @@ class MemoryStore(Store):
     # -- Store -------------------------------------------------------------
 
     def prepare(self, create: bool) -> None:
-        """See :meth:`.Store.prepare`; ``create`` sets :attr:`schema_version`."""
+        """See :meth:`.StoreConnection.prepare`; ``create`` sets :attr:`schema_version`."""
         with self._round_trip("schema check", schema=False):
             if self.schema_version is None:
                 if not create:
@@ -348,7 +366,7 @@ class MemoryStore(Store):
                 )
 
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
-        """See :meth:`.Store.register`."""
+        """See :meth:`.SlotStore.register`."""
         with self._round_trip("register entries") as now:
             wanted = set(names)
             for name in sorted(wanted):
@@ -367,7 +385,7 @@ class MemoryStore(Store):
             return out
 
     def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
-        """See :meth:`.Store.claim`."""
+        """See :meth:`.SlotStore.claim`."""
         if not slots:
             return []
         with self._round_trip("claim") as now:
@@ -390,7 +408,7 @@ class MemoryStore(Store):
             return won
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
-        """See :meth:`.Store.confirm`."""
+        """See :meth:`.SlotStore.confirm`."""
         if not claims:
             return []
         with self._round_trip("confirm") as now:
@@ -406,7 +424,7 @@ class MemoryStore(Store):
             return done
 
     def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
-        """See :meth:`.Store.reassert`."""
+        """See :meth:`.SlotStore.reassert`."""
         if not sent:
             return []
         with self._round_trip("write sent slots again") as now:
@@ -426,9 +444,11 @@ class MemoryStore(Store):
         """What a failover to a standby that lagged behind does: forget every
         write after ``after_us`` on the store's clock (rows claimed or taken
         over then are gone, confirms made then are undone), and break the
-        connection once (:attr:`~celery_singlebeat.store.base.Store.interruptions`).
-        SingletonTask's run rows too. Returns how many rows changed. A test
-        helper, not a round trip."""
+        connection once: :attr:`~celery_singlebeat.store.connection.StoreConnection.interruptions`
+        counts it, and with :attr:`.StoreConnection.stop_at_reconnect` the next round trip raises
+        :class:`~celery_singlebeat.exceptions.ConnectionReplaced` without doing
+        anything. SingletonTask's run rows too. Returns how many rows changed.
+        A test helper, not a round trip."""
         changed = 0
         with self._lock:
             for key, row in list(self._slots.items()):
@@ -446,10 +466,11 @@ class MemoryStore(Store):
                     run.state, run.finished_us, run.outcome = 0, None, None
                     changed += 1
             self.interruptions += 1
+            self._broken = True
         return changed
 
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
-        """See :meth:`.Store.release`."""
+        """See :meth:`.SlotStore.release`."""
         if not claims:
             return
         with self._round_trip("release") as now:
@@ -459,7 +480,7 @@ class MemoryStore(Store):
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        """See :meth:`.Store.take_over`."""
+        """See :meth:`.SlotStore.take_over`."""
         with self._round_trip("take over") as now:
             abandoned = sorted(
                 (
@@ -481,7 +502,7 @@ class MemoryStore(Store):
             return taken
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
-        """See :meth:`.Store.prune`; the slot instant tells a row's age."""
+        """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
         with self._round_trip("prune") as now:
             if self._prune_next_us > now:
                 return None
@@ -499,14 +520,14 @@ class MemoryStore(Store):
             return len(old)
 
     def recent_owners(self, window_us: int) -> list[str]:
-        """See :meth:`.Store.recent_owners`."""
+        """See :meth:`.SlotStore.recent_owners`."""
         with self._round_trip("recent owners") as now:
             return sorted(
                 {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
             )
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
-        """See :meth:`.Store.heartbeat`."""
+        """See :meth:`.FleetStore.heartbeat`."""
         with self._round_trip("heartbeat") as now:
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
             self._replicas[info.id] = row
@@ -518,18 +539,18 @@ class MemoryStore(Store):
             )
 
     def stopped(self, replica_id: str) -> None:
-        """See :meth:`.Store.stopped`."""
+        """See :meth:`.FleetStore.stopped`."""
         with self._round_trip("mark replica stopped") as now:
             if replica_id in self._replicas:
                 self._replicas[replica_id]["stopped_us"] = now
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
-        """See :meth:`.Store.publish_catalog`."""
+        """See :meth:`.FleetStore.publish_catalog`."""
         with self._round_trip("publish catalog"):
             self._catalog[replica_id] = {e.entry: e for e in entries}
 
     def prune_fleet(self, retention_us: int) -> int:
-        """See :meth:`.Store.prune_fleet` (replica rows and catalogs; run-now
+        """See :meth:`.FleetStore.prune_fleet` (replica rows and catalogs; run-now
         requests have no rows of their own here)."""
         with self._round_trip("prune fleet") as now:
             gone = [
@@ -543,8 +564,14 @@ class MemoryStore(Store):
             rows = sum(len(self._catalog.pop(rid)) for rid in orphans)
             return len(gone) + rows
 
+    def listen(self) -> ControlListener | None:
+        """See :meth:`.FleetStore.listen`: no channel here (None); a replica reads
+        :attr:`.FleetStore.controls_version`, which :meth:`pause`, :meth:`resume` and
+        :meth:`request_run` raise, at its next claim or heartbeat."""
+        return None
+
     def pauses(self) -> list[Pause]:
-        """See :meth:`.Store.pauses`."""
+        """See :meth:`.FleetStore.pauses`."""
         with self._round_trip("read pauses") as now:
             return sorted(
                 (p for p in self._pauses.values() if p.until_us is None or p.until_us > now),
@@ -559,7 +586,7 @@ class MemoryStore(Store):
             return {key: dict(vars(row)) for key, row in sorted(self._runs.items())}
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
-        """See :meth:`.Store.acquire_lease`."""
+        """See :meth:`.SingletonStore.acquire_lease`."""
         with self._round_trip("acquire lease") as now:
             lock = self._locks.get(key)
             if lock is not None and lock.expires_us >= now:
@@ -569,7 +596,7 @@ class MemoryStore(Store):
             return Lease(key, token, now + ttl_us)
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
-        """See :meth:`.Store.renew_lease`."""
+        """See :meth:`.SingletonStore.renew_lease`."""
         with self._round_trip("renew lease") as now:
             lock = self._locks.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
@@ -578,7 +605,7 @@ class MemoryStore(Store):
             return lease._replace(expires_us=lock.expires_us)
 
     def release_lease(self, lease: Lease) -> bool:
-        """See :meth:`.Store.release_lease`."""
+        """See :meth:`.SingletonStore.release_lease`."""
         with self._round_trip("release lease"):
             lock = self._locks.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
@@ -587,13 +614,13 @@ class MemoryStore(Store):
             return True
 
     def lease_holds(self, key: str, token: int) -> bool:
-        """See :meth:`.Store.lease_holds`."""
+        """See :meth:`.SingletonStore.lease_holds`."""
         with self._round_trip("check lease") as now:
             lock = self._locks.get(key)
             return lock is not None and lock.token == token and lock.expires_us > now
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
-        """See :meth:`.Store.begin_run`."""
+        """See :meth:`.SingletonStore.begin_run`."""
         with self._round_trip("begin run") as now:
             key = SlotKey(run.entry, run.slot_us)
             row = self._runs.get(key)
@@ -611,7 +638,7 @@ class MemoryStore(Store):
             return RunBegin(status, row.owner, row.outcome)
 
     def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
-        """See :meth:`.Store.reassert_runs`."""
+        """See :meth:`.SingletonStore.reassert_runs`."""
         if not records:
             return []
         with self._round_trip("write run rows again"):
@@ -646,7 +673,7 @@ class MemoryStore(Store):
         return row
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
-        """See :meth:`.Store.renew_run`."""
+        """See :meth:`.SingletonStore.renew_run`."""
         with self._round_trip("renew run") as now:
             row = self._own_run(run)
             if row is not None:
@@ -654,7 +681,7 @@ class MemoryStore(Store):
             return row is not None
 
     def finish_run(self, run: Run, outcome: str) -> bool:
-        """See :meth:`.Store.finish_run`."""
+        """See :meth:`.SingletonStore.finish_run`."""
         with self._round_trip("finish run") as now:
             row = self._own_run(run)
             if row is not None:
@@ -662,7 +689,7 @@ class MemoryStore(Store):
             return row is not None
 
     def abandon_run(self, run: Run) -> bool:
-        """See :meth:`.Store.abandon_run`."""
+        """See :meth:`.SingletonStore.abandon_run`."""
         with self._round_trip("abandon run"):
             row = self._own_run(run)
             if row is not None:
@@ -670,7 +697,7 @@ class MemoryStore(Store):
             return row is not None
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
-        """See :meth:`.Store.prune_singletons`."""
+        """See :meth:`.SingletonStore.prune_singletons`."""
         with self._round_trip("prune singletons") as now:
             if self._prune_singletons_next_us > now:
                 return None
@@ -694,7 +721,7 @@ class MemoryStore(Store):
             return len(runs) + len(locks)
 
     def ping(self) -> int:
-        """See :meth:`.Store.ping`."""
+        """See :meth:`.StoreConnection.ping`."""
         with self._round_trip("ping", schema=False) as now:
             return now
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..clock import us_to_datetime
 from ..exceptions import LeaseLost
-from ..store.base import Store
+from ..store.singleton_store import SingletonStore
 from .writeback import through_reconnect
 
 _local = threading.local()
@@ -38,7 +38,7 @@ class Singleton:
 
     def __init__(
         self,
-        store: Store,
+        store: SingletonStore,
         task_name: str,
         key: str,
         token: int,

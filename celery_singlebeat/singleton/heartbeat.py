@@ -29,7 +29,8 @@ from .. import decisions, signals
 from ..clock import US
 from ..decisions import run_fields
 from ..exceptions import StoreUnavailable
-from ..store.base import Lease, Run, Store
+from ..store.singleton_store import SingletonStore
+from ..store.values import Lease, Run
 from ..telemetry import SINGLETON_NOTHING, SingletonTelemetry
 from .context import Singleton
 from .writeback import through_reconnect
@@ -47,7 +48,7 @@ class Held:
     """One running execution's lease, as the heartbeat tracks it."""
 
     singleton: Singleton
-    store: Store
+    store: SingletonStore
     lease: Lease
     run: Run | None
     ttl_us: int

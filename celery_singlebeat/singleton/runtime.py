@@ -18,7 +18,7 @@ from typing import Any
 from ..clock import US
 from ..config import Settings, default_replica_id
 from ..observers import for_worker
-from ..store.base import Store
+from ..store.singleton_store import SingletonStore
 from ..telemetry import SingletonTelemetry
 from .heartbeat import heartbeat
 from .writeback import PING_S, WriteBack
@@ -41,14 +41,14 @@ class Runtime:
         self.telemetry: SingletonTelemetry = for_worker(self.settings)
         self.owner = default_replica_id()
         self.pid = os.getpid()
-        self._store: Store | None = None
+        self._store: SingletonStore | None = None
         self._lock = threading.Lock()
         self._next_prune = 0.0
         window = self.settings.failover_window.total_seconds()
         #: the failover write-back of this process's run rows (None: turned off)
         self.writeback = WriteBack(window, self.owner, self.telemetry) if window > 0 else None
 
-    def store(self) -> Store:
+    def store(self) -> SingletonStore:
         """The store, schema checked (created when allowed) on first use.
 
         Raises StoreUnavailable while the database is down (nothing is cached
@@ -62,7 +62,7 @@ class Runtime:
                 except Exception:  # StoreUnavailable, SchemaError: nothing cached
                     store.close()
                     raise
-                if self.writeback is not None and hasattr(store, "stop_at_reconnect"):
+                if self.writeback is not None:
                     # a reconnect raises ConnectionReplaced before the statement
                     # goes: a slot's start waits for the write-back first
                     store.stop_at_reconnect = True
@@ -74,12 +74,12 @@ class Runtime:
                 )
             return self._store
 
-    def _open(self) -> Store:
+    def _open(self) -> SingletonStore:
         from ..store.sql import SqlStore
 
         return SqlStore.from_settings(self.settings)
 
-    def wrote_runs(self, store: Store) -> None:
+    def wrote_runs(self, store: SingletonStore) -> None:
         """This process wrote a run row: ping while it is remembered, so that
         a failover is met (and the row written back) even while idle."""
         writeback = self.writeback
@@ -121,7 +121,7 @@ def runtime_for(app: Any) -> Runtime:
         return runtime
 
 
-def set_store(app: Any, store: Store) -> None:
+def set_store(app: Any, store: SingletonStore) -> None:
     """Use ``store`` for ``app``'s SingletonTasks in this process (tests)."""
     runtime = runtime_for(app)
     with runtime._lock:

@@ -3,7 +3,7 @@
 An execution goes through these steps (``docs/singleton.md`` has the why):
 
 1. a message the scheduler sent carries its slot (header ``singlebeat_slot``):
-   :meth:`.Store.begin_run` records the slot's start, or finds it already
+   :meth:`.SingletonStore.begin_run` records the slot's start, or finds it already
    finished/running, in which case this delivery is a repeat and is dropped;
 2. the key's lease is acquired (one round trip); a busy key follows the
    task's ``singleton_busy`` policy;
@@ -36,7 +36,8 @@ from ..exceptions import (
     StoreUnavailable,
 )
 from ..slots import SLOT_HEADER
-from ..store.base import Busy, Lease, Run, RunStatus, Store
+from ..store.singleton_store import SingletonStore
+from ..store.values import Busy, Lease, Run, RunStatus
 from . import context
 from .context import Singleton, SlotInfo
 from .heartbeat import Held, heartbeat
@@ -229,7 +230,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _start(
         self,
-        store: Store,
+        store: SingletonStore,
         run: Run | None,
         slot: SlotInfo | None,
         key: str,
@@ -307,7 +308,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _busy(
         self,
-        store: Store,
+        store: SingletonStore,
         run: Run | None,
         slot: SlotInfo | None,
         key: str,
@@ -373,7 +374,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise self.retry(countdown=countdown, exc=error)
         raise error
 
-    def _finish(self, store: Store, held: Held, outcome: str) -> None:
+    def _finish(self, store: SingletonStore, held: Held, outcome: str) -> None:
         """Finish the run row (abandon it for a retry) and release the key;
         retried in the background while the database is unreachable."""
         run, lease, task_id = held.run, held.lease, held.singleton.task_id
@@ -424,13 +425,13 @@ class SingletonTask(Task):  # type: ignore[misc]
             )
             heartbeat().defer(f"recording the end of task {task_id}", end)
 
-    def _maybe_prune(self, runtime: Runtime, store: Store) -> None:
+    def _maybe_prune(self, runtime: Runtime, store: SingletonStore) -> None:
         if runtime.prune_due():
             retention = runtime.settings.run_retention
             heartbeat().defer("pruning old singleton rows", lambda: _prune(store, retention))
 
 
-def _prune(store: Store, retention: timedelta) -> None:
+def _prune(store: SingletonStore, retention: timedelta) -> None:
     """Offer to prune (the fleet-wide turn decides whether this process does).
 
     Logged when rows went, as the scheduler logs its own prune: without a line,

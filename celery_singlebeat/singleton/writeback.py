@@ -5,8 +5,8 @@ failover to a standby that lagged behind can lose the rows written just
 before it, and a repeat delivered afterwards would then run a second time.
 So each worker process remembers the run rows it wrote during the last
 ``singlebeat_failover_window`` (:class:`RunJournal`), and after any broken
-connection writes them again (:meth:`Store.reassert_runs
-<celery_singlebeat.store.base.Store.reassert_runs>`) before it starts a slot.
+connection writes them again (:meth:`SingletonStore.reassert_runs
+<celery_singlebeat.store.singleton_store.SingletonStore.reassert_runs>`) before it starts a slot.
 
 The rows another process wrote are that process's to write back: while it
 remembers runs, each process pings the database every :data:`PING_S` from
@@ -31,7 +31,8 @@ from .. import decisions
 from ..decisions import batch_fields, slot_text
 from ..exceptions import ConnectionReplaced, StoreUnavailable
 from ..failover import HOLD_MARGIN_S
-from ..store.base import Run, RunRecord, SlotKey, Store
+from ..store.singleton_store import SingletonStore
+from ..store.values import Run, RunRecord, SlotKey
 from ..telemetry import SingletonTelemetry
 
 logger = logging.getLogger("celery_singlebeat.singleton")
@@ -169,7 +170,7 @@ class WriteBack:
         self._hold_before_us = 0
         self._lock = threading.Lock()
 
-    def check(self, store: Store) -> None:
+    def check(self, store: SingletonStore) -> None:
         """After a broken connection (``store.interruptions`` moved): write the
         journal again. Raises StoreUnavailable when the database cannot take it
         (the next call tries again)."""
@@ -215,7 +216,7 @@ class WriteBack:
         time.sleep(wait)
         return wait
 
-    def ping(self, store: Store) -> bool:
+    def ping(self, store: SingletonStore) -> bool:
         """The heartbeat's check while the journal is active: one round trip,
         then :meth:`check`. Returns whether to keep pinging."""
         if not self.journal.active(time.monotonic()):

@@ -80,8 +80,9 @@ class SqlExecutor:
         #: what the store connects with, to scrub from the errors it wraps
         self.secrets = secrets
         #: raise ConnectionReplaced instead of sending work on the new
-        #: connection that replaced a broken one (the scheduler sets it,
-        #: through ``SqlStore.stop_at_reconnect``)
+        #: connection that replaced a broken one (the scheduler and
+        #: SingletonTask's runtime set it through ``SqlStore.stop_at_reconnect``,
+        #: the contract's ``StoreConnection.stop_at_reconnect``)
         self.stop_at_reconnect = False
         #: how many times work found its connection broken (``Store.interruptions``)
         self.interruptions = 0

@@ -3,11 +3,13 @@
 Every control write (pause, resume, run now) notifies the prefix's channel in
 its own transaction, so the notification is delivered at its commit, to every
 listening session. A replica keeps one extra connection that only listens and
-reads it without a round trip: :meth:`ControlListener.poll` looks at what the
-socket already holds. That is how a replica honours a control within a second
-while idle, at no statement at all; without it (MySQL, SQLite, a pooler in
+reads it without a round trip: :meth:`PostgresControlListener.poll` looks at
+what the socket already holds. That is how a replica honours a control within
+a second while idle, at no statement at all; without it (MySQL, SQLite, a pooler in
 transaction mode that cannot carry LISTEN) a replica learns of a change at its
-next claim or heartbeat, the latter every lease/3.
+next claim or heartbeat, the latter every lease/3 (on MySQL and SQLite,
+:meth:`.SqlStore.listen` returns None). The contract this keeps is
+:class:`~.fleet_store.ControlListener`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .fleet_store import ControlListener
+
 logger = logging.getLogger("celery_singlebeat.store")
 
 
-class ControlListener:
+class PostgresControlListener(ControlListener):
     """One listening connection; ``poll`` never blocks and never sends."""
 
     def __init__(self, conn: Any, channel: str) -> None:
@@ -46,6 +50,7 @@ class ControlListener:
         return heard
 
     def close(self) -> None:
+        """Close the connection; a second call, or one on a lost connection, is quiet."""
         try:
             self._conn.close()
         except Exception:  # already broken: nothing more to release

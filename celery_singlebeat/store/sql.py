@@ -1,4 +1,4 @@
-"""The SQL implementation of :class:`~celery_singlebeat.store.base.Store`.
+"""The SQL implementation of :class:`~celery_singlebeat.store.base.Store`, every contract.
 
 One SQLAlchemy engine in autocommit mode: every operation is a single
 statement (two on MySQL/MariaDB, which lack RETURNING), so a tick costs one
@@ -55,7 +55,7 @@ from .statements import Dialect, dialect_for
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from .listening import ControlListener
+    from .fleet_store import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
 
@@ -186,8 +186,8 @@ class SqlStore(Store):
 
     @property
     def stop_at_reconnect(self) -> bool:
-        """Raise ConnectionReplaced instead of sending a statement on the new
-        connection that replaced a broken one (the scheduler sets it)."""
+        """:attr:`.StoreConnection.stop_at_reconnect`, kept by the executor that
+        finds the broken connections."""
         return self.executor.stop_at_reconnect
 
     @stop_at_reconnect.setter
@@ -196,7 +196,7 @@ class SqlStore(Store):
 
     @property
     def interruptions(self) -> int:
-        """:attr:`Store.interruptions`, counted where the statements are sent."""
+        """:attr:`.StoreConnection.interruptions`, counted where the statements are sent."""
         return self.executor.interruptions
 
     @interruptions.setter
@@ -573,12 +573,14 @@ class SqlStore(Store):
         )
 
     def listen(self) -> ControlListener | None:
-        """A connection that hears every control change at its commit
-        (PostgreSQL LISTEN), or None where the database has no such thing.
-        Raises :class:`StoreUnavailable` when it cannot connect."""
+        """:meth:`.FleetStore.listen`: on PostgreSQL (psycopg) a connection of
+        its own that LISTENs on the prefix's channel
+        (:class:`~.listening.PostgresControlListener`), which every control
+        write of :class:`~.fleet.Fleet` notifies; None on MySQL/MariaDB and
+        SQLite. Raises :class:`StoreUnavailable` when it cannot connect."""
         if self.backend != "postgresql" or self.engine.dialect.driver != "psycopg":
             return None
-        from .listening import ControlListener
+        from .listening import PostgresControlListener
 
         what = "listen for controls"
         # A connection of its own, not one of the pool's: taking the pool's
@@ -597,7 +599,7 @@ class SqlStore(Store):
                 self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
             ) from None
         try:
-            return ControlListener(driver, controls_channel(self.tables.prefix))
+            return PostgresControlListener(driver, controls_channel(self.tables.prefix))
         except Exception as exc:
             with suppress(Exception):
                 driver.close()

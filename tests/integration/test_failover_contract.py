@@ -1,4 +1,6 @@
-"""The storage contract of a failover: ``Store.reassert`` and ``Store.interruptions``.
+"""The storage contract of a failover: ``SlotStore.reassert``,
+``SingletonStore.reassert_runs``, and the connection's ``interruptions`` and
+``stop_at_reconnect`` (``store/connection.py``).
 
 A promoted standby that lagged lacks the last commits: a slot row a replica
 claimed and confirmed is gone, or its confirm is. The test takes those writes
@@ -14,7 +16,7 @@ from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend  # noqa: F401
 
 from celery_singlebeat.exceptions import ConnectionReplaced, StoreUnavailable
-from celery_singlebeat.store.base import Claim, Run, RunRecord, RunStatus, SlotKey
+from celery_singlebeat.store.base import Claim, Run, RunRecord, RunStatus, SlotKey, Store
 from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
@@ -129,16 +131,22 @@ def test_a_refused_connection_counts_as_an_interruption(backend: Backend) -> Non
         down.close()
 
 
-@pytest.mark.parametrize("backend", ["postgres", "mysql"], indirect=True)
-def test_a_broken_connection_stops_the_statement_when_asked(backend: Backend) -> None:  # noqa: F811
-    """The scheduler's store does not send a statement on the connection that
-    replaced a broken one: it may be a promoted standby's, and the claim it
-    carried could win slots another replica sent and is about to write back.
-    (Servers only: the memory store and SQLite files have no connection to break.)"""
-    store = backend.ready()
-    assert isinstance(store, SqlStore)
-    store.stop_at_reconnect = True
-    store.register(["a"])
+def _break_connection(db: Backend, store: Store) -> None:
+    """Break the store's pooled connection while it is idle, as a server
+    restart or a failover does; the store finds it at its next round trip."""
+    if isinstance(store, MemoryStore):
+        store.lose_writes(store.ping())  # loses nothing, breaks the connection
+        return
+    assert isinstance(store, SqlStore) and db.url is not None
+    if store.backend == "sqlite":
+        # no server to end the session: close the pooled sqlite3 connection
+        # under the pool, which finds it closed ("Cannot operate on a closed
+        # database", a disconnect to SQLAlchemy) at the next statement
+        with store.engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.close()
+        return
     pid_sql = (
         "SELECT pg_backend_pid()" if store.backend == "postgresql" else "SELECT CONNECTION_ID()"
     )
@@ -149,20 +157,48 @@ def test_a_broken_connection_stops_the_statement_when_asked(backend: Backend) ->
         if store.backend == "postgresql"
         else f"KILL {int(pid)}"
     )
-    assert backend.url is not None
-    killer = direct_engine(backend.url)
+    killer = direct_engine(db.url)
     try:
         with killer.connect() as conn:
             conn.exec_driver_sql(kill)
     finally:
         killer.dispose()
+
+
+def test_a_broken_connection_stops_the_statement_when_asked(backend: Backend) -> None:  # noqa: F811
+    """The scheduler's store does not send a statement on the connection that
+    replaced a broken one: it may be a promoted standby's, and the claim it
+    carried could win slots another replica sent and is about to write back.
+    (The memory store's connection breaks by ``lose_writes``.)"""
+    store = backend.ready()
+    store.stop_at_reconnect = True
+    assert store.stop_at_reconnect is True
+    store.register(["a"])
     before = store.interruptions
+    _break_connection(backend, store)
     with pytest.raises(ConnectionReplaced):
         store.claim("r1", [SlotKey("a", 10)], LONG_LEASE)
-    assert store.interruptions > before
+    assert store.interruptions > before  # counted by the time it raised
     assert _row(backend, SlotKey("a", 10)) is None  # the claim was not sent
     # the next call runs on the new connection
     assert [c.entry for c in store.claim("r1", [SlotKey("a", 10)], LONG_LEASE)] == ["a"]
+    # and a break counts once: the call after it raises nothing
+    assert store.ping() > 0
+
+
+def test_a_broken_connection_is_replaced_and_the_statement_sent_by_default(
+    backend: Backend,  # noqa: F811
+) -> None:
+    """``stop_at_reconnect`` is False unless a caller sets it: the statement
+    goes on the new connection (each decides alone), and the break is counted."""
+    store = backend.ready()
+    assert store.stop_at_reconnect is False
+    store.register(["a"])
+    before = store.interruptions
+    _break_connection(backend, store)
+    assert [c.entry for c in store.claim("r1", [SlotKey("a", 10)], LONG_LEASE)] == ["a"]
+    assert store.interruptions > before
+    assert _row(backend, SlotKey("a", 10)) == (0, "r1", 1)
 
 
 # -- SingletonTask's run rows ----------------------------------------------------

@@ -1,5 +1,6 @@
 # ruff: noqa: F811 - the shared `backend` fixture is imported, then named as a parameter
-"""The fleet side of the storage contract: heartbeats, catalogs, pauses and run-now rows.
+"""The fleet side of the storage contract (``FleetStore``, ``store/fleet_store.py``):
+heartbeats, catalogs, pauses, run-now rows, and ``listen()``.
 
 Runs on every backend of ``test_store_contract`` (memory, SQLite, PostgreSQL,
 MariaDB). Operator writes are made the way the CLI makes them: through the
@@ -8,11 +9,12 @@ memory store's helpers, or straight SQL on the tables for the SQL stores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import direct_engine
-from sqlalchemy import select
+from sqlalchemy import select, text
 from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
 
 from celery_singlebeat.clock import US
@@ -20,10 +22,13 @@ from celery_singlebeat.store.base import (
     CONTROLS_KEY,
     PAUSE_ALL,
     CatalogEntry,
+    ControlListener,
     ReplicaInfo,
     SlotKey,
     Store,
+    controls_channel,
 )
+from celery_singlebeat.store.fleet import Fleet
 from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
@@ -231,3 +236,86 @@ def test_stopped_marks_the_row(backend: Backend) -> None:
     store.heartbeat(info("r1", now))
     with store.engine.connect() as conn:
         assert conn.execute(store.tables.replicas.select()).one().stopped_us is None
+
+
+# -- listen(): hearing of a control change without a round trip --------------------
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "mysql"], indirect=True)
+def test_listen_is_none_where_the_store_has_no_notification_channel(backend: Backend) -> None:
+    """MySQL/MariaDB, SQLite and the memory store: no channel, so a replica
+    learns of a change from controls_version at its next heartbeat or claim."""
+    store = backend.ready()
+    assert store.listen() is None
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_listener_hears_each_control_change_at_its_commit(backend: Backend) -> None:
+    store = backend.ready()
+    listener = store.listen()
+    assert isinstance(listener, ControlListener)
+    try:
+        # another replica's view writes the controls, as the CLI does
+        other = backend.open()
+        assert isinstance(other, SqlStore)
+        operator = Fleet(other)
+        assert listener.poll() is False  # idle: nothing was committed since listen()
+        operator.pause([PAUSE_ALL], None, by="op")
+        wait_for(listener.poll, "the pause heard")
+        assert listener.poll() is False  # heard once; idle again
+        operator.resume(None)
+        wait_for(listener.poll, "the resume heard")
+        # the version the listener announced is the one the heartbeat reads
+        version = store.controls_version
+        store.heartbeat(info("r1", store.ping()))
+        assert store.controls_version is not None and store.controls_version != version
+    finally:
+        listener.close()
+    listener.close()  # idempotent
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_listener_raises_once_its_connection_is_gone(backend: Backend) -> None:
+    """The caller closes it and listens again later (the heartbeat reads what
+    changed meanwhile); each listen() opens a listener of its own."""
+    store = backend.ready()
+    first, second = store.listen(), store.listen()
+    assert isinstance(first, ControlListener) and isinstance(second, ControlListener)
+    try:
+        assert backend.url is not None
+        engine = direct_engine(backend.url)
+        try:
+            with engine.connect() as conn:
+                # the listeners' sessions: their last statement was the LISTEN
+                ended = conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query = :listen"
+                    ),
+                    {"listen": f'LISTEN "{controls_channel(backend.prefix)}"'},
+                ).all()
+        finally:
+            engine.dispose()
+        assert len(ended) == 2
+
+        def raised() -> bool:
+            try:
+                first.poll()
+            except Exception:
+                return True
+            return False
+
+        wait_for(raised, "the lost connection reported")
+    finally:
+        first.close()
+        second.close()
+    first.close()  # quiet on a connection already lost

@@ -1,0 +1,186 @@
+"""The value types every storage contract speaks in, and the constants they share.
+
+Slot keys and claims (:mod:`.slot_store`), replica rows, catalog entries and
+pauses (:mod:`.fleet_store`), SingletonTask's leases and runs
+(:mod:`.singleton_store`). The vocabulary (slot row, claim, lease, fence,
+high-water mark, token, run) is defined once, in :mod:`.base`. Instants are
+microseconds since the Unix epoch, UTC, on the database's clock.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import NamedTuple
+
+from .. import timing
+
+#: How far ahead of the database's clock a slot may be claimed. Replicas
+#: estimate that clock to within half a round trip; this absorbs the estimate's
+#: error while refusing a replica whose clock stepped forward.
+EARLY_TOLERANCE_US = 250_000
+
+
+class SlotKey(NamedTuple):
+    """One run of one entry: the entry's name and the slot instant."""
+
+    entry: str
+    slot_us: int
+
+
+class Claim(NamedTuple):
+    """A slot this replica holds; ``fence`` proves which hand-over it won."""
+
+    entry: str
+    slot_us: int
+    fence: int
+
+    @property
+    def key(self) -> SlotKey:
+        return SlotKey(self.entry, self.slot_us)
+
+    @property
+    def taken_over(self) -> bool:
+        """True when the row changed hands before this claim (``fence > 1``).
+
+        That is a takeover from another replica (it died, stalled or released
+        the slot), or the same owner winning its own claim again: a retry after
+        the answer to its claim was lost, or a slot it had released. Stores do
+        not record previous owners, so this cannot tell the two apart; the
+        scheduler does, from the claims it knows it may still hold.
+        """
+        return self.fence > 1
+
+
+class EntryState(NamedTuple):
+    """What the database knows about an entry."""
+
+    name: str
+    #: instant the entry was first registered: interval slots count from here.
+    anchor_us: int
+    #: latest slot any replica claimed (None: never run).
+    last_slot_us: int | None
+
+
+class ReplicaInfo(NamedTuple):
+    """What a replica records about itself with each heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    #: the celery-singlebeat release it runs
+    version: str
+    #: when the process started (database clock)
+    started_us: int
+    #: its estimate of the database clock at its last loop
+    loop_us: int
+    #: how far its own clock runs from the database's (database minus local)
+    offset_us: int
+    #: entries it tracks, and how many of those it proposes first (sharing.py)
+    tracked: int
+    proposes_first: int
+    #: how often it sends a heartbeat (its sweep period)
+    heartbeat_us: int
+    #: slots it had sent that the database lacked after a broken connection
+    #: (a failover lost them), written again; since the process started
+    lost_writes: int = 0
+
+
+class CatalogEntry(NamedTuple):
+    """One entry as a replica has it (see :mod:`celery_singlebeat.catalog`)."""
+
+    entry: str
+    task: str
+    #: the schedule as a person reads it
+    schedule: str
+    #: JSON from which a reader rebuilds the slot sequence
+    spec: str
+
+
+class Pause(NamedTuple):
+    """A paused entry (``"*"``: every entry), and who paused it, when and why."""
+
+    entry: str
+    #: the pause ends by itself at this instant (None: until resumed)
+    until_us: int | None
+    by: str
+    reason: str
+    at_us: int
+
+
+#: the ``entry`` of a pause of every entry
+PAUSE_ALL = "*"
+
+#: a replica is live while its row is not stopped and was seen within
+#: LIVE_HEARTBEATS heartbeat periods plus LIVE_SLACK_US (timing.py, which the
+#: health probes' readiness bound shares; the rule: membership.replica_live)
+LIVE_HEARTBEATS = timing.LIVE_HEARTBEATS
+LIVE_SLACK_US = timing.LIVE_SLACK_US
+
+#: the meta row whose value every control change raises by one
+CONTROLS_KEY = "controls"
+
+
+def controls_channel(prefix: str) -> str:
+    """The PostgreSQL NOTIFY channel of a control change, for a table prefix."""
+    return f"{prefix}controls"
+
+
+class Lease(NamedTuple):
+    """A singleton key this process holds, and the proof of which hand-over it won."""
+
+    key: str
+    token: int
+    #: the lease's end on the database's clock (renewals move it).
+    expires_us: int
+
+
+class Busy(NamedTuple):
+    """Who holds a key that could not be acquired (for logs and errors)."""
+
+    owner: str
+    expires_us: int
+
+
+class RunStatus(Enum):
+    """What :meth:`.SingletonStore.begin_run` found for a slot."""
+
+    #: this worker starts the slot's execution (first delivery, or a retake).
+    STARTED = "started"
+    #: the slot already ran to the end: this delivery is a repeat.
+    FINISHED = "finished"
+    #: another worker is running the slot right now (its row is live).
+    RUNNING = "running"
+
+
+class Run(NamedTuple):
+    """One start of one slot's execution, as :meth:`.SingletonStore.begin_run` made it."""
+
+    entry: str
+    slot_us: int
+    run_id: str
+
+
+class RunBegin(NamedTuple):
+    """The answer of :meth:`.SingletonStore.begin_run`."""
+
+    status: RunStatus
+    #: the worker that holds (or last held) the run row.
+    owner: str
+    #: the outcome recorded when the run finished (``None`` while running).
+    outcome: str | None
+
+
+class RunRecord(NamedTuple):
+    """What a worker process wrote about one run, as :meth:`.SingletonStore.reassert_runs`
+    writes it again: the run row as ``begin_run`` made it and, once the run
+    finished, as ``finish_run`` left it."""
+
+    run: Run
+    owner: str
+    task_id: str
+    #: database clock of the start, and the row's expiry as last written
+    started_us: int
+    expires_us: int
+    #: ``None`` while it runs (or when it was abandoned for a retry)
+    outcome: str | None = None
+    finished_us: int | None = None
