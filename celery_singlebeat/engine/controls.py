@@ -11,11 +11,10 @@ which makes the next tick sweep at once.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ..decisions import slot_text
 from ..exceptions import StoreUnavailable
-from ..store.base import PAUSE_ALL, Pause
+from ..store.base import PAUSE_ALL, ControlListener, Pause
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
@@ -32,7 +31,7 @@ class Controls:
         #: whether to listen for changes (PostgreSQL); off once the store says
         #: it has no such channel
         self.listening = ctx.settings.listen
-        self.listener: Any = None
+        self.listener: ControlListener | None = None
         self._listen_retry_at = 0.0
 
     def read(self) -> None:
@@ -76,14 +75,13 @@ class Controls:
         ctx = self.ctx
         store = ctx.connected_store
         if self.listener is None:
-            listen = getattr(store, "listen", None)
             # not while the database is unreachable: the outage is reported once
             # already, and the sweep after it reads what changed meanwhile
-            if listen is None or monotonic < self._listen_retry_at or in_outage:
+            if monotonic < self._listen_retry_at or in_outage:
                 return False
             self._listen_retry_at = monotonic + ctx.sweep_every
             try:
-                self.listener = listen()
+                self.listener = store.listen()
             except StoreUnavailable as exc:
                 logger.warning(
                     "singlebeat: cannot listen for control changes (%s); they are "
