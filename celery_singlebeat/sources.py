@@ -15,11 +15,16 @@ runs (docs/algorithm.md, "Entry sources"):
 
 * an entry added is registered (its slot row history, its interval anchor)
   and tracked from the tick that sees it; its first slot is the first after
-  its last recorded slot, or after that tick;
+  its last recorded slot (a replica that restarts goes on where the fleet
+  is), or after that tick for an entry never sent, and never at or before its
+  definition's ``since_us`` (an entry removed and added again does not catch
+  up the slots of the time it was gone);
 * an entry changed follows its new definition from the tick that sees the
   change: its next slot is the new definition's first instant after that
-  tick, so an edit never sends a burst of past slots; a slot already claimed
-  keeps the instant it was claimed for (one slot per entry and instant);
+  tick (and after its ``since_us``), so an edit never sends a burst of past
+  slots; a slot already claimed keeps the instant it was claimed for (one
+  slot per entry and instant); an interval keeps the anchor the entry was
+  registered with, so its instants stay on one grid across edits;
 * an entry removed is not proposed from the tick that sees its removal on;
   a claimed slot of it that this replica has not yet published is left to a
   replica that still has the entry (as during a rolling deploy);
@@ -53,7 +58,11 @@ class EntryDefinition(NamedTuple):
     ``singlebeat_*`` keys, which configure us). ``policy`` and ``tz`` are None
     for the replica's defaults (``singlebeat_missed_*``, Celery's timezone).
     ``revision`` changes whenever anything else does; ``source`` names where
-    the entry came from, in messages (``beat_schedule``).
+    the entry came from, in messages (``beat_schedule``). ``since_us`` is the
+    instant (the database's clock, microseconds since the epoch) from which
+    this definition is in force: no slot at or before it is sent under it,
+    whichever replica starts tracking it and however late; None for no such
+    bound (``beat_schedule``: a definition is as old as its process).
     """
 
     name: str
@@ -66,6 +75,7 @@ class EntryDefinition(NamedTuple):
     tz: Any = None
     revision: str = ""
     source: str = ""
+    since_us: int | None = None
 
 
 class ChangeKind(Enum):

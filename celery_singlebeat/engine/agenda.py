@@ -106,13 +106,19 @@ class Agenda:
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
         start = state.last_slot_us if state.last_slot_us is not None else now_us
+        if definition.since_us is not None and definition.since_us > start:
+            start = definition.since_us
         self._place(definition, sequence, sequence.next_after(start))
 
     def change(self, definition: EntryDefinition, state: EntryState, now_us: int) -> None:
-        """Follow ``definition`` from now: its next slot is its first after ``now_us``."""
+        """Follow ``definition`` from now: its next slot is its first after
+        ``now_us`` (and after the definition's ``since_us``)."""
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
-        self._place(definition, sequence, sequence.next_after(now_us))
+        start = now_us
+        if definition.since_us is not None and definition.since_us > start:
+            start = definition.since_us
+        self._place(definition, sequence, sequence.next_after(start))
 
     def remove(self, name: str) -> None:
         """Stop tracking ``name``: its place in a heap is skipped from now on."""
