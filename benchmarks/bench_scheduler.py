@@ -515,14 +515,14 @@ def _tick_round_trips(label: str, url: str, size: int, ticks: int) -> dict[str, 
             lost = scheduler.stats["lost"]
             # the periodic work (sweep, read of the live replicas, prune) that a
             # tick may also do, every 5 s or a minute: not the cost of a tick
-            periodic = (scheduler._next_sweep, scheduler._next_share, scheduler._next_prune)
+            periodic = scheduler.engine.periodic_marks()
             started = time.perf_counter()
             delay = scheduler.tick()
             elapsed = time.perf_counter() - started
             due = scheduler.stats["claimed"] - before[2] + scheduler.stats["lost"] - lost
             if due == 0:
                 continue  # woke up a hair early: nothing was due, nothing was sent
-            if periodic != (scheduler._next_sweep, scheduler._next_share, scheduler._next_prune):
+            if periodic != scheduler.engine.periodic_marks():
                 continue  # a slow machine reached the next sweep: measure another tick
             samples.append(
                 {

@@ -69,11 +69,21 @@ def test_every_test_file_it_names_by_name_exists() -> None:
 def test_the_algorithm_pages_map_names_modules_that_exist() -> None:
     # docs/algorithm.md's last section maps its sections to modules
     page = (ROOT / "docs" / "algorithm.md").read_text(encoding="utf-8")
-    section = page[page.index("## 12. Where each part lives") :]
+    heading = re.search(r"^## \d+\. Where each part lives$", page, flags=re.M)
+    assert heading, "docs/algorithm.md has no map section"
+    section = page[heading.start() :]
     named = {w for w in quoted(section) if w.endswith(".py")}
     assert named, "no module found: the pattern no longer matches the page"
     missing = [name for name in sorted(named) if not (PACKAGE / name).exists()]
     assert not missing, f"docs/algorithm.md's map names modules that do not exist: {missing}"
+    # and every step of the engine has its place on the map
+    steps = {
+        f"engine/{path.name}"
+        for path in (PACKAGE / "engine").glob("*.py")
+        if path.stem != "__init__"
+    }
+    unmapped = sorted(steps - named)
+    assert not unmapped, f"docs/algorithm.md's map lacks the engine's {unmapped}"
 
 
 def test_every_make_target_it_names_exists() -> None:
