@@ -2,7 +2,7 @@
 
 The engine decides *when* a slot is due and *who* sends it; a source says
 *what* runs. Celery's ``beat_schedule`` is the first source
-(:mod:`.beat_source`); stored schedules and django-celery-beat's models are
+(:class:`~celery_singlebeat.beat_source.BeatScheduleSource`); stored schedules and django-celery-beat's models are
 the next ones. A source hands the engine its full set of entries once, when
 the replica connects, and from then on the changes since a cursor it returns
 with each answer, as often as the engine asks (once a tick). Each entry is an

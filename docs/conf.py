@@ -48,7 +48,7 @@ nitpicky = True
 # libraries' own types (no intersphinx: the build must not need the network) and
 # private helpers of the package.
 _LIBRARIES = (
-    r"(celery|kombu|sqlalchemy|click|prometheus_client|datetime|typing|collections|enum|abc)"
+    r"(celery|kombu|sqlalchemy|click|prometheus_client|datetime|typing|collections|enum|abc|random)"
 )
 # Internal modules the public signatures and docstrings mention (the clock the
 # stores keep, the telemetry base classes, the missed-run policy tuple): their
@@ -57,7 +57,7 @@ _INTERNAL = r"celery_singlebeat\.(clock|telemetry|slots|catalog|redact)"
 nitpick_ignore_regex = [
     (r"py:.*", _LIBRARIES + r"\..*"),
     ("py:class", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|NamedTuple|Enum|ABC)"),
-    ("py:class", r"(datetime|timedelta|CollectorRegistry|URL)"),
+    ("py:class", r"(datetime|timedelta|CollectorRegistry|URL|MissedPolicy)"),
     (r"py:.*", _INTERNAL + r"(\..*)?"),
     ("py:class", r"celery_singlebeat\..*\._.*"),
 ]
