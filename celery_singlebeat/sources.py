@@ -2,13 +2,13 @@
 
 The engine decides *when* a slot is due and *who* sends it; a source says
 *what* runs. Celery's ``beat_schedule`` is the first source
-(:class:`~celery_singlebeat.beat_source.BeatScheduleSource`); stored schedules and django-celery-beat's models are
-the next ones. A source hands the engine its full set of entries once, when
-the replica connects, and from then on the changes since a cursor it returns
-with each answer, as often as the engine asks (once a tick). Each entry is an
-:class:`EntryDefinition` with a revision that changes whenever the definition
-does, and names the source it came from, so that every message about an entry
-can say where to fix it.
+(:class:`~celery_singlebeat.beat_source.BeatScheduleSource`); stored schedules
+and django-celery-beat's models are the next ones. A source hands the engine
+its full set of entries once, when the replica connects, and from then on the
+changes since a cursor it returns with each answer, as often as the engine
+asks (once a tick). Each entry is an :class:`EntryDefinition` with a revision
+that changes whenever the definition does, and names the source it came from,
+so that every message about an entry can say where to fix it.
 
 What the engine guarantees for entries that come, change and go while it
 runs (docs/algorithm.md, "Entry sources"):
