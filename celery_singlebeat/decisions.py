@@ -112,6 +112,15 @@ def slot_fields(
     return fields
 
 
+def claim_fields(
+    decision: str, replica: str, claim: Claim, task_id: str, text: str
+) -> dict[str, object]:
+    """:func:`slot_fields` of a claimed slot: its entry, instant and fence."""
+    return slot_fields(
+        decision, replica, claim.entry, claim.slot_us, task_id, claim.fence, text=text
+    )
+
+
 def batch_fields(
     decision: str, replica: str, count: int, first: SlotKey | Claim | None
 ) -> dict[str, object]:

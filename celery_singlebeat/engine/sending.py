@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .. import decisions, signals
 from ..clock import US, us_to_datetime
-from ..decisions import batch_fields, slot_fields, slot_text
+from ..decisions import batch_fields, claim_fields, slot_text
 from ..exceptions import StoreUnavailable
 from ..publishing import PublishGroup, skip_declared
 from ..slots import SLOT_HEADER, slot_header, slot_task_id
@@ -194,14 +194,8 @@ class Sending:
                         text,
                         ctx.replica_id,
                         task_id,
-                        extra=slot_fields(
-                            decisions.TAKEN_BEFORE_CONFIRM,
-                            ctx.replica_id,
-                            claim.entry,
-                            claim.slot_us,
-                            task_id,
-                            claim.fence,
-                            text=text,
+                        extra=claim_fields(
+                            decisions.TAKEN_BEFORE_CONFIRM, ctx.replica_id, claim, task_id, text
                         ),
                     )
 
@@ -292,15 +286,7 @@ class Sending:
                 claim.entry,
                 text,
                 definition.task,
-                extra=slot_fields(
-                    decisions.PUBLISH_FAILED,
-                    ctx.replica_id,
-                    claim.entry,
-                    claim.slot_us,
-                    task_id,
-                    claim.fence,
-                    text=text,
-                ),
+                extra=claim_fields(decisions.PUBLISH_FAILED, ctx.replica_id, claim, task_id, text),
             )
             ctx.telemetry.publish_failed([claim])
             return False
@@ -369,14 +355,12 @@ class Sending:
                     text,
                     definition.task,
                     task_id,
-                    extra=slot_fields(
+                    extra=claim_fields(
                         decisions.TOOK_OVER if took_over else decisions.WON,
                         me,
-                        claim.entry,
-                        claim.slot_us,
+                        claim,
                         task_id,
-                        claim.fence,
-                        text=text,
+                        text,
                     ),
                 )
         if signals.slot_published.receivers:

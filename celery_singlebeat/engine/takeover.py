@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from .. import decisions
-from ..decisions import slot_fields, slot_text
+from ..decisions import claim_fields, slot_fields, slot_text
 from ..slots import slot_task_id
 from ..store.base import Claim, SlotKey
 from .context import ReplicaContext
@@ -70,15 +70,7 @@ class Takeover:
                     task_id,
                     claim.fence,
                     settings.lease.total_seconds(),
-                    extra=slot_fields(
-                        decisions.TAKING_OVER,
-                        me,
-                        claim.entry,
-                        claim.slot_us,
-                        task_id,
-                        claim.fence,
-                        text=text,
-                    ),
+                    extra=claim_fields(decisions.TAKING_OVER, me, claim, task_id, text),
                 )
             else:
                 logger.info(
@@ -89,15 +81,7 @@ class Takeover:
                     text,
                     task_id,
                     claim.fence,
-                    extra=slot_fields(
-                        decisions.TAKING_BACK,
-                        me,
-                        claim.entry,
-                        claim.slot_us,
-                        task_id,
-                        claim.fence,
-                        text=text,
-                    ),
+                    extra=claim_fields(decisions.TAKING_BACK, me, claim, task_id, text),
                 )
         ctx.stats["taken_over"] += len(taken)
         ctx.telemetry.claimed(claims)
