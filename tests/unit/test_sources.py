@@ -100,8 +100,8 @@ class Run:
         return current
 
     def anchor_of(self, name: str) -> int:
-        store = self.harness.store
-        return store._entries[name].anchor_us
+        # registering an existing name changes nothing and returns its row
+        return self.harness.store.register([name])[name].anchor_us
 
 
 def instants(definition: EntryDefinition, anchor_us: int, first_us: int, last_us: int) -> list[int]:
@@ -351,7 +351,7 @@ def test_an_interval_source_entry_keeps_its_anchor_across_an_edit(
     source.set("job", TASK, interval(timedelta(seconds=2)))
     replica = harness.replica(sources=[source])
     replica.tick()
-    anchor = harness.store._entries["job"].anchor_us
+    anchor = harness.store.register(["job"])["job"].anchor_us  # an existing row: read
     harness.clock.advance(timedelta(seconds=3))
     replica.tick()
     source.set("job", TASK, interval(timedelta(seconds=4)))
