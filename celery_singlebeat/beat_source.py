@@ -14,8 +14,8 @@ error rather than a silent fall-back to the default policy.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from .config import ENTRY_OPTIONS, parse_missed_policy
@@ -27,6 +27,10 @@ from .sources import EntryDefinition, EntrySource, check_definition
 ENTRY_OPTION_PREFIX = "singlebeat_"
 
 LABEL = "beat_schedule"
+
+#: the options of an entry that has none: one shared mapping, not an empty
+#: dict per entry (a replica keeps every entry's definition)
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
 def entry_policy(name: str, options: Mapping[str, Any], default: MissedPolicy) -> MissedPolicy:
@@ -55,12 +59,6 @@ def sent_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {k: v for k, v in options.items() if not k.startswith(ENTRY_OPTION_PREFIX)}
 
 
-def revision_of(task: str, schedule: object, args: Any, kwargs: Any, options: Any) -> str:
-    """A digest of what an entry sends and when: equal definitions, equal revisions."""
-    text = repr((task, schedule, args, kwargs, sorted((options or {}).items(), key=repr)))
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
 class BeatScheduleSource(EntrySource):
     """The entries of Celery's ``scheduler.schedule`` (``beat_schedule`` and
     Celery's defaults), validated, each with its own missed-run policy."""
@@ -84,7 +82,7 @@ class BeatScheduleSource(EntrySource):
         name: str, entry: Any, default_policy: MissedPolicy, default_tz: Any, now_us: int
     ) -> EntryDefinition:
         """One Celery ``ScheduleEntry`` as a checked definition."""
-        options = entry.options or {}
+        options = entry.options or _NO_OPTIONS
         policy = entry_policy(name, options, default_policy)
         tz = getattr(entry.schedule, "tz", None) or default_tz
         definition = EntryDefinition(
@@ -97,7 +95,8 @@ class BeatScheduleSource(EntrySource):
             # the shared default, not a copy per entry (memory at 100,000 entries)
             policy=default_policy if policy == default_policy else policy,
             tz=tz,
-            revision=revision_of(entry.task, entry.schedule, entry.args, entry.kwargs, options),
+            # never changes while the process runs: no revision to tell versions apart
+            revision="",
             source=LABEL,
         )
         check_definition(definition, tz, now_us)

@@ -123,17 +123,18 @@ class Agenda:
     def remove(self, name: str) -> None:
         """Stop tracking ``name``: its place in a heap is skipped from now on."""
         self.definitions.pop(name, None)
-        if self.tracked.pop(name, None) is not None:
-            self._count_first()
+        old = self.tracked.pop(name, None)
+        if old is not None and old.first:
+            self.first_count -= 1
 
     def _place(
         self, definition: EntryDefinition, sequence: SlotSequence, next_us: int | None
     ) -> None:
         name = definition.name
         old = self.tracked.pop(name, None)
+        if old is not None and old.first:
+            self.first_count -= 1
         if next_us is None:
-            if old is not None:
-                self._count_first()
             return
         policy = definition.policy or self.default_policy
         tracked = Tracked(next_us, definition, sequence, policy)
@@ -142,17 +143,15 @@ class Agenda:
             self._buckets[name] = bucket_of(name)
         tracked.first = self._mine is None or bool(self._mine[self._buckets[name]])
         self.push(tracked)
-        if old is None or old.first != tracked.first:
-            self._count_first()
-
-    def _count_first(self) -> None:
-        self.first_count = sum(1 for t in self.tracked.values() if t.first)
+        if tracked.first:
+            self.first_count += 1
 
     def clear(self) -> None:
         self.tracked.clear()
         self.definitions.clear()
         self.first = []
         self.later = []
+        self.first_count = 0
 
     # -- the heaps ---------------------------------------------------------------
 

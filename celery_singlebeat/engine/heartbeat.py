@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 
 from .. import catalog
 from .._version import __version__
@@ -37,7 +38,7 @@ class Membership:
         self._shared_at = 0.0
         #: each entry's catalog row, described once: at 100,000 entries that is
         #: a second of CPU
-        self._catalog: dict[str, tuple[str, CatalogEntry]] = {}
+        self._catalog: dict[str, CatalogEntry] = {}
 
     def beat(self, monotonic: float) -> None:
         """Record this replica's row, read the live replicas and deal the share."""
@@ -69,20 +70,20 @@ class Membership:
         rather than at the next sweep, so that the views converge."""
         self.next_share = min(self.next_share, self._shared_at + SHARE_RECHECK)
 
-    def publish_catalog(self) -> None:
+    def publish_catalog(self, changed: Iterable[str] | None = None) -> None:
         """Tell the store which entries this replica has: when it connects, after
-        every broken connection, and when its entries change."""
+        every broken connection, and when its entries change (``changed``: the
+        names added, changed or removed since the last write; None: all)."""
         agenda = self.agenda
         described = self._catalog
         definitions = agenda.definitions
-        for name in [n for n in described if n not in definitions]:
-            del described[name]
-        for name, definition in definitions.items():
-            known = described.get(name)
-            if known is None or known[0] != definition.revision:
-                row = catalog.describe(
+        names = definitions.keys() if changed is None else changed
+        for name in names:
+            definition = definitions.get(name)
+            if definition is None:
+                described.pop(name, None)
+            elif changed is not None or name not in described:
+                described[name] = catalog.describe(
                     name, definition.task, definition.schedule, agenda.tz_of(definition)
                 )
-                described[name] = (definition.revision, row)
-        rows = [row for _, row in described.values()]
-        self.ctx.connected_store.publish_catalog(self.ctx.replica_id, rows)
+        self.ctx.connected_store.publish_catalog(self.ctx.replica_id, list(described.values()))

@@ -173,6 +173,7 @@ class Engine:
         agenda.clear()
         for definition in definitions:
             agenda.track(definition, states[definition.name], now_us)
+        self.watch.tracked()
         self.membership.publish_catalog()
         self.controls.read()
         # After an outage, keep sharing among the replicas seen before it.
@@ -221,8 +222,9 @@ class Engine:
         if self.hold.interrupted():
             self._after_interruption()
         self.sending.confirm_pending()
-        if self.watch.poll(store.clock.now_us()):
-            self.membership.publish_catalog()
+        touched = self.watch.poll(store.clock.now_us())
+        if touched:
+            self.membership.publish_catalog(touched)
         if monotonic >= self.next_sweep:
             self.next_sweep = monotonic + ctx.sweep_every
             self.membership.beat(monotonic)

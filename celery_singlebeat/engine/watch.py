@@ -28,46 +28,69 @@ class SourceWatch:
         self.ctx = ctx
         self.agenda = agenda
         self.sources = list(sources)
+        #: each source by its label: an entry's ``source`` names its owner, so
+        #: no second map of 100,000 names is kept
+        self._by_label: dict[str, EntrySource] = {}
+        for source in self.sources:
+            if source.label in self._by_label:
+                raise ConfigurationError(
+                    f"two entry sources are labelled {source.label!r}: give each its own label"
+                )
+            self._by_label[source.label] = source
         self._cursors: list[object] = [None] * len(self.sources)
-        #: the sources' entries as first loaded (None: not yet)
+        #: the sources' entries as first loaded, until the agenda holds them
+        #: (None: not loaded yet)
         self._loaded: list[EntryDefinition] | None = None
-        #: entry name -> the source that defines it
-        self._owner: dict[str, EntrySource] = {}
+        self._tracking = False
         self._writes_back = any(s.writes_back for s in self.sources)
 
     def load(self) -> list[EntryDefinition]:
-        """Every source's entries (once per process): a ConfigurationError when
-        two sources define one name."""
+        """Every source's entries: loaded once per process (a ConfigurationError
+        when two sources define one name), then as the agenda holds them."""
+        if self._tracking:
+            return list(self.agenda.definitions.values())
         if self._loaded is not None:
             return self._loaded
         definitions: list[EntryDefinition] = []
+        seen: dict[str, str] = {}
         for index, source in enumerate(self.sources):
             loaded, cursor = source.load()
             self._cursors[index] = cursor
             for definition in loaded:
-                other = self._owner.get(definition.name)
+                other = seen.get(definition.name)
                 if other is not None:
                     raise ConfigurationError(
-                        f"entry {definition.name!r} is defined by both {other.label} and "
+                        f"entry {definition.name!r} is defined by both {other} and "
                         f"{source.label}; rename one of them"
                     )
-                self._owner[definition.name] = source
-                definitions.append(definition)
+                seen[definition.name] = source.label
+                definitions.append(self._stamped(definition, source))
         self._loaded = definitions
         return definitions
 
-    def poll(self, now_us: int) -> bool:
-        """Apply what changed in every source since the last poll; True when
-        anything did (the catalog is then written again)."""
-        applied = False
+    def tracked(self) -> None:
+        """The agenda holds every loaded entry now: the loaded list is let go."""
+        self._tracking = True
+        self._loaded = None
+
+    @staticmethod
+    def _stamped(definition: EntryDefinition, source: EntrySource) -> EntryDefinition:
+        if definition.source == source.label:
+            return definition
+        return definition._replace(source=source.label)
+
+    def poll(self, now_us: int) -> set[str]:
+        """Apply what changed in every source since the last poll; the names
+        of the entries that were added, changed or removed."""
+        touched: set[str] = set()
         for index, source in enumerate(self.sources):
             changes, cursor = source.changes(self._cursors[index])
             self._cursors[index] = cursor
             if changes:
-                applied = self._apply(source, changes, now_us) or applied
-        return applied
+                touched |= self._apply(source, changes, now_us)
+        return touched
 
-    def _apply(self, source: EntrySource, changes: Sequence[Change], now_us: int) -> bool:
+    def _apply(self, source: EntrySource, changes: Sequence[Change], now_us: int) -> set[str]:
         ctx = self.ctx
         agenda = self.agenda
         # the last change of each name wins: an entry added and removed since
@@ -75,20 +98,21 @@ class SourceWatch:
         final: dict[str, EntryDefinition | None] = {}
         for change in changes:
             name = change.name
-            owner = self._owner.get(name)
-            if owner is not None and owner is not source:
+            known = agenda.definitions.get(name)
+            if known is not None and known.source != source.label:
                 logger.error(
                     "singlebeat: %s %s entry %r, which %s already defines; ignored (rename one)",
                     source.label,
                     change.kind.value,
                     name,
-                    owner.label,
+                    known.source,
                 )
                 continue
             definition = change.definition
             if change.kind is ChangeKind.REMOVED or definition is None:
                 final[name] = None
                 continue
+            definition = self._stamped(definition, source)
             try:
                 check_definition(definition, agenda.tz_of(definition), now_us)
             except ConfigurationError as exc:
@@ -101,14 +125,12 @@ class SourceWatch:
         for name, definition in final.items():
             known = agenda.definitions.get(name)
             if definition is None:
-                if self._owner.pop(name, None) is not None:
+                if known is not None:
                     removed.append(name)
             elif known is None:
                 added.append(definition)
             elif known != definition:
                 changed.append(definition)
-            if definition is not None:
-                self._owner[name] = source
         for name in removed:
             agenda.remove(name)
         states = self._register([d.name for d in added + changed])
@@ -117,7 +139,7 @@ class SourceWatch:
         for definition in changed:
             agenda.change(definition, states[definition.name], now_us)
         if not (added or changed or removed):
-            return False
+            return set()
         logger.info(
             "singlebeat: replica %s follows %d new, %d changed and %d removed entries of %s",
             ctx.replica_id,
@@ -126,7 +148,7 @@ class SourceWatch:
             len(removed),
             source.label,
         )
-        return True
+        return {d.name for d in added + changed} | set(removed)
 
     def _register(self, names: list[str]) -> dict[str, EntryState]:
         if not names:
@@ -142,8 +164,8 @@ class SourceWatch:
             by_entry.setdefault(claim.entry, []).append(claim.slot_us)
         definitions = self.agenda.definitions
         for name, slots in by_entry.items():
-            source = self._owner.get(name)
             definition = definitions.get(name)
+            source = self._by_label.get(definition.source) if definition is not None else None
             if source is None or definition is None or not source.writes_back:
                 continue
             try:
