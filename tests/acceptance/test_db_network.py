@@ -24,6 +24,7 @@ from harness import (
     check_slots,
     collect,
     private_postgres,
+    replica_ids_with_shares,
     wait_for,
 )
 from sqlalchemy.engine import make_url
@@ -162,8 +163,11 @@ def test_postgres_black_hole_is_noticed(
     reader, db, env = rig.fleet(
         f"{redis_url}/5", pg_url, table_prefix, SB_ENTRIES="4", SB_LEASE=str(LEASE)
     )
-    cut_off = rig.start_beat({**env, "SB_URL": proxied}, "cut-off")
-    direct = rig.start_beat(env, "direct")
+    # the cut-off replica must propose some entries first: with rendezvous
+    # sharing, 4 entries leave one of 2 random ids none one time in 8
+    ids = replica_ids_with_shares(["cut-off", "direct"], 4)
+    cut_off = rig.start_beat({**env, "SB_URL": proxied, "SB_REPLICA_ID": ids["cut-off"]}, "cut-off")
+    direct = rig.start_beat({**env, "SB_REPLICA_ID": ids["direct"]}, "direct")
     beats = [cut_off, direct]
     _connected(beats)
     anchors = db.anchors()
