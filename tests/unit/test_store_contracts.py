@@ -36,7 +36,9 @@ CONTRIBUTING = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"
 def own_names(cls: type) -> set[str]:
     """The public methods and attributes a class itself defines or declares."""
     names = {n for n in vars(cls) if not n.startswith("_")}
-    names |= {n for n in getattr(cls, "__annotations__", {}) if not n.startswith("_")}
+    # vars(), not getattr: before Python 3.10 a class without annotations of its
+    # own answers ``__annotations__`` with its first base's
+    names |= {n for n in vars(cls).get("__annotations__", {}) if not n.startswith("_")}
     return names
 
 
