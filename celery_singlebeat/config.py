@@ -175,6 +175,22 @@ SETTINGS: tuple[Setting, ...] = (
         "one extra connection). Turn off behind a pooler in transaction mode.",
     ),
     Setting(
+        "singlebeat_schedules",
+        "bool",
+        True,
+        "Send the entries stored in the database (`Schedules`, `singlebeat schedules`) "
+        "besides `beat_schedule`, following their edits within a second. Off: this "
+        "replica sends only its `beat_schedule`.",
+    ),
+    Setting(
+        "singlebeat_schedule_log_retention",
+        "duration",
+        90 * 86400,
+        "How long the history of stored entries' changes (`singlebeat schedules log`) is "
+        "kept. At least one day.",
+        default_doc="`7776000` (s, 90 days)",
+    ),
+    Setting(
         "singlebeat_http_port",
         "int (1-65535) or None",
         None,
@@ -446,6 +462,12 @@ class Settings:
     #: PostgreSQL: hear of control changes at once (LISTEN/NOTIFY) on one extra
     #: connection; off behind a pooler in transaction mode, which cannot carry it
     listen: bool = setting_default("singlebeat_listen")
+    #: follow the entries stored in the database (stored schedules)
+    schedules: bool = setting_default("singlebeat_schedules")
+    #: how long the stored entries' change history is kept
+    schedule_log_retention: timedelta = timedelta(
+        seconds=setting_default("singlebeat_schedule_log_retention")
+    )
     #: the HTTP listener (/livez, /readyz, /metrics): port (None: off) and address
     http_port: int | None = None
     http_bind: str = DEFAULT_HTTP_BIND
@@ -610,6 +632,16 @@ class Settings:
             )
         create_schema = _flag(conf, "singlebeat_create_schema")
         listen = _flag(conf, "singlebeat_listen")
+        schedules = _flag(conf, "singlebeat_schedules")
+        schedule_log_retention = _duration(
+            "singlebeat_schedule_log_retention",
+            read_setting(conf, "singlebeat_schedule_log_retention"),
+        )
+        if schedule_log_retention < timedelta(days=1):
+            raise ConfigurationError(
+                "singlebeat_schedule_log_retention "
+                f"({schedule_log_retention.total_seconds():g}s) must be at least one day"
+            )
         observing = _observing(conf, lease, max_loop)
         return cls(
             url=url,
@@ -625,5 +657,7 @@ class Settings:
             failover_window=failover_window,
             run_retention=run_retention,
             listen=listen,
+            schedules=schedules,
+            schedule_log_retention=schedule_log_retention,
             **observing,
         )

@@ -125,6 +125,12 @@ class EntrySource(ABC):
         """
         return (), cursor
 
+    #: whether each replica lists the entries in its catalog (the operators'
+    #: view of which replica has which entry). A source whose entries every
+    #: replica reads from one table (stored schedules) says False: the table
+    #: already lists them, once for the whole fleet.
+    catalogued: bool = True
+
     #: whether :meth:`sent` does anything: the engine skips the call otherwise
     writes_back: bool = False
 

@@ -13,7 +13,7 @@ what it needs when it runs.
 from __future__ import annotations
 
 # the commands register themselves on the group when imported
-from . import controls, health, leases, prune, schema, status  # noqa: F401
+from . import controls, health, leases, prune, schedules, schema, status  # noqa: F401
 from .group import TARGET, Target, singlebeat, target_of
 
 __all__ = ["TARGET", "Target", "singlebeat", "target_of"]

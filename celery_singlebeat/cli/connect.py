@@ -23,6 +23,7 @@ from .group import _app_of, target_of
 if TYPE_CHECKING:
     from ..config import Settings
     from ..store.fleet import Fleet
+    from ..store.sql import SqlStore
 
 
 def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
@@ -54,11 +55,32 @@ def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
 def fleet_of(ctx: click.Context, **overrides: Any) -> Iterator[Fleet]:
     """The fleet of the command's database, closed afterwards. Every error in
     the block becomes one line naming the database (its secrets masked)."""
+    from ..store.fleet import Fleet
+
+    with store_of(ctx, **overrides) as (store, _settings):
+        yield Fleet(store)
+
+
+class Refused(click.ClickException):
+    """The command's input does not fit (an invalid entry, an unknown name, a
+    stale revision, a bad file): ``Error: ...`` and exit status 2, as click's
+    usage errors, so a script tells it from a database that is down (1)."""
+
+    exit_code = 2
+
+
+@contextmanager
+def store_of(ctx: click.Context, **overrides: Any) -> Iterator[tuple[SqlStore, Settings]]:
+    """The store of the command's database and the settings it was opened
+    with, closed afterwards. Every error in the block becomes one line naming
+    the database (its secrets masked); an error about the input
+    (:class:`~..exceptions.ControlError`, :class:`~..exceptions.InvalidEntry`
+    and the stored schedules' refusals) names only the input, with status 2
+    for the stored schedules' (:class:`Refused`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from ..exceptions import ControlError
+    from ..exceptions import ControlError, InvalidEntry, ScheduleError, ScheduleStoreError
     from ..redact import Secrets
-    from ..store.fleet import Fleet
     from ..store.sql import SqlStore
 
     settings = settings_of(ctx, **overrides)
@@ -79,11 +101,14 @@ def fleet_of(ctx: click.Context, **overrides: Any) -> Iterator[Fleet]:
     except (SQLAlchemyError, ImportError) as exc:
         raise fail(f"cannot open it: {type(exc).__name__}: {exc}") from None
     try:
-        yield Fleet(store)
+        yield store, settings
     except (click.ClickException, click.exceptions.Exit, click.Abort):
         raise
     except ControlError as exc:  # about the input, not the database
         raise click.ClickException(_one_line(secrets.scrub(str(exc)))) from None
+    except (InvalidEntry, ScheduleStoreError, ScheduleError) as exc:
+        # about the input too; a file's problems keep one line each
+        raise Refused(secrets.scrub(str(exc))) from None
     except SingleBeatError as exc:
         raise fail(str(exc)) from None
     except Exception as exc:  # a bug: still one line, still no secret

@@ -39,6 +39,9 @@ class Membership:
         #: each entry's catalog row, described once: at 100,000 entries that is
         #: a second of CPU
         self._catalog: dict[str, CatalogEntry] = {}
+        #: the sources whose entries the catalog leaves out (stored schedules:
+        #: their table lists them for the whole fleet)
+        self.uncatalogued: frozenset[str] = frozenset()
 
     def beat(self, monotonic: float) -> None:
         """Record this replica's row, read the live replicas and deal the share."""
@@ -80,7 +83,7 @@ class Membership:
         names = definitions.keys() if changed is None else changed
         for name in names:
             definition = definitions.get(name)
-            if definition is None:
+            if definition is None or definition.source in self.uncatalogued:
                 described.pop(name, None)
             elif changed is not None or name not in described:
                 described[name] = catalog.describe(

@@ -23,6 +23,7 @@ from ..clock import US
 from ..config import Settings
 from ..embedded import stop_worker
 from ..exceptions import SchemaError, StoreUnavailable
+from ..schedules.source import StoredSource
 from ..sharing import FALLBACK_DELAY_US
 from ..sources import EntryDefinition, EntrySource
 from ..store.base import Store
@@ -32,6 +33,7 @@ from .claiming import Claiming
 from .context import ReplicaContext
 from .controls import Controls
 from .environment import Environment
+from .feed import Feed
 from .heartbeat import Membership
 from .hold import Hold
 from .outage import Outage
@@ -80,6 +82,7 @@ class Engine:
         self.watch = SourceWatch(ctx, self.agenda, ())
         self.hold = Hold(ctx)
         self.controls = Controls(ctx)
+        self.feed = Feed(ctx, self.controls)
         self.held = HeldSlots()
         self.membership = Membership(ctx, self.agenda)
         self.claiming = Claiming(ctx, self.agenda, self.hold, self.controls, self.held)
@@ -135,9 +138,20 @@ class Engine:
         return (self.next_sweep, self.membership.next_share, self.upkeep.next_prune)
 
     def use_sources(self, sources: Sequence[EntrySource]) -> None:
-        """The sources of this replica's entries, loaded at the first connect."""
+        """The sources of this replica's entries, loaded at the first connect;
+        the stored schedules follow them unless ``singlebeat_schedules`` is off."""
+        sources = list(sources)
+        if self.ctx.settings.schedules:
+            sources.append(
+                StoredSource(
+                    lambda: self.ctx.connected_store,
+                    self.agenda.default_policy,
+                    self.agenda.default_tz,
+                )
+            )
         self.watch = SourceWatch(self.ctx, self.agenda, sources)
         self.sending._written_back = self.watch.written_back
+        self.membership.uncatalogued = self.watch.uncatalogued
 
     def load_sources(self) -> int:
         """Load every source now (a name in two sources stops beat at start-up);
@@ -194,34 +208,37 @@ class Engine:
 
         The order, and why:
 
-        1. controls heard (PostgreSQL's LISTEN): act within the tick;
+        1. a commit heard (PostgreSQL's LISTEN): read the feed within the tick;
         2. after a broken connection, before anything is decided: write back
            the catalog, the heartbeat and what this replica sent, then hold
            (a promoted standby may lack them; the others do the same);
         3. confirm what an outage left published but unrecorded, before any
            sweep: our own takeover would otherwise publish it again;
-        4. the entries' changes from their sources, before anything is planned;
+        4. the feed (about once a second): a control change makes this tick
+           sweep; then the entries' changes from their sources, before
+           anything is planned, so that no claim follows a definition older
+           than the last read;
         5. the sweep (heartbeat, then takeover, not during the hold), or a
            sooner read of the live replicas when the views differed;
         6. the prune, when its turn comes round;
         7. the claim of what is due, then sending and confirming it;
         8. the sleep: until the next slot of either heap, the hold's end, the
-           next sweep, or the next listen poll.
+           next sweep, the next feed read, or the next listen poll.
         """
         ctx = self.ctx
         store = ctx.connected_store
         env = ctx.env
         self.hold.tick_us = store.clock.now_us()
         monotonic = env.monotonic()
-        if self.controls.listening and self.controls.heard(
+        heard = self.controls.listening and self.controls.heard(
             monotonic, self.outage.since is not None
-        ):
-            # the sweep's heartbeat reads the new version (and then the
-            # pauses), its takeover the run-now requests
-            self.next_sweep = 0.0
+        )
         if self.hold.interrupted():
             self._after_interruption()
         self.sending.confirm_pending()
+        if self.feed.due(monotonic, heard) and self.feed.read(monotonic):
+            # the pauses are read; a run-now request is a row the sweep takes
+            self.next_sweep = 0.0
         touched = self.watch.poll(store.clock.now_us())
         if touched:
             self.membership.publish_catalog(touched)
@@ -284,7 +301,7 @@ class Engine:
             # held after a broken connection: the fallbacks wake when it ends,
             # the entries this replica proposes first keep their own time
             delay = min(delay, max(later, self.hold.until - env.monotonic()))
-        delay = min(delay, self.next_sweep - env.monotonic())
+        delay = min(delay, self.next_sweep - env.monotonic(), self.feed.next_read - env.monotonic())
         if self.controls.listener is not None:
             delay = min(delay, LISTEN_POLL_S)
         return max(delay, 0.0) + env.random.uniform(0.0, WAKE_JITTER)

@@ -79,15 +79,22 @@ class SourceWatch:
             return definition
         return definition._replace(source=source.label)
 
+    @property
+    def uncatalogued(self) -> frozenset[str]:
+        """The labels of the sources whose entries no catalog lists."""
+        return frozenset(s.label for s in self.sources if not s.catalogued)
+
     def poll(self, now_us: int) -> set[str]:
         """Apply what changed in every source since the last poll; the names
-        of the entries that were added, changed or removed."""
+        of the catalogued entries that were added, changed or removed."""
         touched: set[str] = set()
         for index, source in enumerate(self.sources):
             changes, cursor = source.changes(self._cursors[index])
             self._cursors[index] = cursor
             if changes:
-                touched |= self._apply(source, changes, now_us)
+                names = self._apply(source, changes, now_us)
+                if source.catalogued:
+                    touched |= names
         return touched
 
     def _apply(self, source: EntrySource, changes: Sequence[Change], now_us: int) -> set[str]:

@@ -271,6 +271,8 @@ class Received(NamedTuple):
     at_us: int
     #: local wall clock when the reader took it off the broker (same host as the DB)
     received: float
+    #: the keyword arguments as Celery's message headers show them (``kwargsrepr``)
+    kwargs: str = ""
 
     @property
     def slot(self) -> tuple[str, int]:
@@ -279,7 +281,13 @@ class Received(NamedTuple):
 
 def _received(headers: dict[str, Any], when: float) -> Received:
     slot = headers["singlebeat_slot"]
-    return Received(str(headers["id"]), str(slot["entry"]), int(slot["at_us"]), when)
+    return Received(
+        str(headers["id"]),
+        str(slot["entry"]),
+        int(slot["at_us"]),
+        when,
+        str(headers.get("kwargsrepr") or ""),
+    )
 
 
 class QueueReader:

@@ -26,6 +26,17 @@ def test_every_command_and_option_is_documented() -> None:
         if name in ELSEWHERE:
             continue
         assert name in documented, f"docs/cli.md has no section for `{name}`"
+        subcommands = getattr(command, "commands", {})
+        for sub_name, sub in subcommands.items():
+            assert f"{name} {sub_name}" in documented[name] or sub_name in documented[name], (
+                f"`{name} {sub_name}` is not in docs/cli.md"
+            )
+            for param in sub.params:
+                if isinstance(param, click.Option) and "--help" not in param.opts:
+                    for opt in param.opts:
+                        assert opt in documented[name], (
+                            f"`{name} {sub_name} {opt}` is not in docs/cli.md"
+                        )
         for param in command.params:
             if isinstance(param, click.Option) and "--help" not in param.opts:
                 for opt in param.opts:

@@ -1,0 +1,70 @@
+"""The change feed: what the operators and the schedule editors changed, read
+about once a second.
+
+One statement (:meth:`~..store.schedule_store.ScheduleStore.feed_versions`)
+brings back two versions: the highest revision of the stored schedules and the
+control version (pauses, resumes, run-now requests). The change watch reads the
+stored entries' changes only when the first moved; the controls read the
+pauses, and the next tick sweeps for run-now requests, only when the second
+moved. Idle, that one statement is all a replica adds, so the bound of a
+second from a commit to its effect costs about one statement a second, the
+same whatever the number of entries (docs/algorithm.md, "Stored schedules").
+
+Where PostgreSQL's LISTEN reaches the replica, a notification at each commit
+makes the next tick read at once, and the periodic read only backs it up
+(every :data:`BACKSTOP_S`), since a notification is a hint that a dropped
+connection loses, never the truth. A statement that already brought both
+versions back (the heartbeat) counts as a read.
+"""
+
+from __future__ import annotations
+
+from .context import ReplicaContext
+from .controls import Controls
+
+#: seconds between two reads without a listening connection: a change
+#: committed just after a read is seen at the next, so this bounds the delay
+#: from a commit to its effect, with the tick's few milliseconds on top; under
+#: a second, so that the 99th percentile stays within one
+READ_EVERY_S = 0.9
+
+#: seconds between two reads while a listening connection hears each commit
+BACKSTOP_S = 5.0
+
+
+class Feed:
+    """When the next read is due, and what the last one brought back."""
+
+    def __init__(self, ctx: ReplicaContext, controls: Controls) -> None:
+        self.ctx = ctx
+        self.controls = controls
+        #: when the next read is due (monotonic)
+        self.next_read = 0.0
+        #: statements this step sent (the idle-cost benchmark reads it)
+        self.reads = 0
+
+    def every(self) -> float:
+        """Seconds between reads now: a backstop while a listener hears commits."""
+        return BACKSTOP_S if self.controls.listener is not None else READ_EVERY_S
+
+    def due(self, monotonic: float, heard: bool) -> bool:
+        """Whether this tick reads: its turn came round, or a commit was heard."""
+        return heard or monotonic >= self.next_read
+
+    def read(self, monotonic: float) -> bool:
+        """Read both versions; True when the controls changed (the caller makes
+        the next tick sweep: a run-now request is a row the sweep takes over).
+        The stored entries' changes are the change watch's to read next."""
+        self.next_read = monotonic + self.every()
+        # a store written for an earlier release answers 0: no stored entries
+        self.ctx.connected_store.feed_versions()
+        self.reads += 1
+        return self.controls.changed()
+
+    def read_elsewhere(self, monotonic: float) -> None:
+        """A statement of another step (the heartbeat) brought both versions
+        back: the next read can wait a whole period from now."""
+        self.next_read = max(self.next_read, monotonic + self.every())
+
+
+__all__ = ["BACKSTOP_S", "READ_EVERY_S", "Feed"]

@@ -1,0 +1,117 @@
+"""Stored schedules as an entry source (:mod:`..sources`): the entries the
+database keeps, followed through its change feed.
+
+The engine reads the feed's versions about once a second
+(:mod:`..engine.feed`); this source is asked once a tick what changed since
+its cursor and answers without a statement unless the schedules' revision
+moved past it. Then it reads the rows written after its cursor (tombstones
+included), an index range scan whose cost grows with the number of changes,
+never with the number of entries. When its cursor is older than what the
+prune kept (a replica cut off for longer than the tombstones' retention), it
+reads every row once and reports the difference with what it had.
+
+Revisions are commit-ordered (store/schedule_store.py): a reader that has seen
+revision R has seen every write up to R, so a cursor never skips a change.
+
+A disabled entry is reported as removed: the replicas stop proposing it from
+the tick that sees the change (one whose end has passed simply has no next
+slot). A row this
+release cannot read (written by a newer one, or by hand) is logged at ERROR,
+naming the entry and the field, and treated as removed, rather than stopping
+every replica that shares the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..exceptions import ScheduleError
+from ..slots import MissedPolicy
+from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
+from ..store.schedule_store import ScheduleStore
+from ..store.values import ScheduleRow
+from .runs import definition_of
+from .spec import entry_from_fields
+
+logger = logging.getLogger("celery_singlebeat.scheduler")
+
+#: how the entries of this source are named in messages
+LABEL = "stored schedules"
+
+
+class StoredSource(EntrySource):
+    """The enabled entries of the store's schedules table."""
+
+    label = LABEL
+    #: every replica reads the same rows: the schedules table already says
+    #: which entries exist, so a replica's catalog does not list them again
+    #: (at 100,000 entries that would be 100,000 rows per edit)
+    catalogued = False
+
+    def __init__(
+        self,
+        store: Callable[[], ScheduleStore],
+        default_policy: MissedPolicy,
+        default_tz: Any,
+    ) -> None:
+        self._store = store
+        self._policy = default_policy
+        self._tz = default_tz
+        #: the names this source last reported present, to tell a full
+        #: reload's removals (a set of names, not of definitions)
+        self._present: set[str] = set()
+
+    def load(self) -> tuple[Sequence[EntryDefinition], object]:
+        """Nothing before the first connection: the rows come with the first
+        :meth:`changes` (from cursor 0), read as any change is."""
+        return (), 0
+
+    def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
+        after = int(cursor or 0)
+        store = self._store()
+        latest = store.schedule_revision
+        if latest is None or latest <= after:
+            return (), after
+        feed = store.schedule_feed(after)
+        if feed.complete:
+            return [self._change(row) for row in feed.rows], feed.revision
+        rows, revision = store.schedule_rows()
+        logger.info(
+            "singlebeat: stored schedules changed beyond what the database keeps of "
+            "their history since revision %d; read all %d entries again",
+            after,
+            len(rows),
+        )
+        changes = [self._change(row) for row in rows]
+        gone = self._present - {row.name for row in rows}
+        changes.extend(Change(ChangeKind.REMOVED, name, None) for name in sorted(gone))
+        self._present -= gone
+        return changes, revision
+
+    def _change(self, row: ScheduleRow) -> Change:
+        definition = None if row.deleted or not row.enabled else self._definition(row)
+        if definition is None:
+            self._present.discard(row.name)
+            return Change(ChangeKind.REMOVED, row.name, None)
+        self._present.add(row.name)
+        # CHANGED of a name the engine does not have is taken as ADDED
+        return Change(ChangeKind.CHANGED, row.name, definition)
+
+    def _definition(self, row: ScheduleRow) -> EntryDefinition | None:
+        try:
+            entry = entry_from_fields(row._asdict())
+            return definition_of(entry, self._policy, self._tz, label=LABEL)
+        except ScheduleError as exc:
+            logger.error(
+                "singlebeat: %s entry %r at revision %d cannot be read (%s); it is not sent",
+                LABEL,
+                row.name,
+                row.revision,
+                exc,
+            )
+            return None
+
+
+__all__ = ["LABEL", "StoredSource"]

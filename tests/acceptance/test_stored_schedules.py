@@ -1,0 +1,151 @@
+"""Stored schedules edited while three real ``celery beat`` replicas run.
+
+The test process is the editor: through ``Schedules`` it adds entries, edits
+one (its keyword argument says which version a message was sent under),
+disables, enables and deletes them, while the replicas send. Read off the
+broker afterwards:
+
+* every slot of every entry is sent once (no two messages for one entry and
+  instant), on PostgreSQL, MariaDB and SQLite alike;
+* nothing is sent under a definition replaced more than a second before:
+  no message of version 1 for a slot after the edit's commit + 1 s, nothing
+  of a disabled entry after its commit + 1 s and nothing of the span it was
+  disabled, nothing of a deleted one after its delete + 1 s;
+* an added entry is in effect within a second: a single run set 1.5 s after
+  its commit is sent, once, by one replica;
+* a stored entry may not take a ``beat_schedule`` name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from harness import US, Rig, wait_connected, wait_for
+
+from celery_singlebeat import Schedules
+from celery_singlebeat.exceptions import InvalidEntry
+
+#: replicas are given up to this long to follow a commit (the promise: 1 s)
+EFFECT_US = 1 * US
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _versions(messages: list, entry: str) -> list[tuple[int, str]]:
+    return sorted((m.at_us, m.kwargs) for m in messages if m.entry == entry)
+
+
+def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
+    reader, db, env = rig.fleet(broker_url, db_url, prefix, SB_ENTRIES="1", SB_EVERY="5")
+    beats = [rig.start_beat(env, f"stored-{i}") for i in range(3)]
+    wait_connected(beats)
+    with Schedules(db_url, table_prefix=prefix, by="test") as schedules:
+        with pytest.raises(InvalidEntry, match="probe-0"):
+            Schedules(store=schedules.store, static_names=["probe-0"]).upsert(
+                "probe-0", "beatapp.probe", timedelta(seconds=1)
+            )
+
+        edited = schedules.upsert(
+            "edited", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 1}, why="test"
+        )
+        toggled = schedules.upsert("toggled", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 0})
+        doomed = schedules.upsert("doomed", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 0})
+        wait_for(
+            lambda: {"edited", "toggled", "doomed"} <= {m.entry for m in reader.messages()},
+            10,
+            "the stored entries to be sent",
+            interval=0.1,
+        )
+        once_at = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+        once = schedules.upsert("once", "beatapp.probe", once_at, kwargs={"i": 9})
+
+        wait_for(
+            lambda: len([m for m in reader.messages() if m.entry == "edited"]) >= 2,
+            10,
+            "slots of version 1",
+            interval=0.1,
+        )
+        edited2 = schedules.update("edited", kwargs={"i": 2}, why="version 2")
+        assert edited2.revision is not None and edited2.revision > (edited.revision or 0)
+        disabled = schedules.disable("toggled")
+        off_until = db.now_us() + 3 * US
+        wait_for(lambda: db.now_us() >= off_until, 10, "3 s disabled", interval=0.1)
+        enabled = schedules.enable("toggled")
+        schedules.delete("doomed", why="done with it")
+        deleted_at = schedules.log("doomed")[0].at_us
+        end_us = db.now_us() + 3 * US
+        wait_for(lambda: db.now_us() >= end_us, 10, "slots after the last edit", interval=0.2)
+        log = schedules.log("edited")
+        assert [row.action for row in log][:2] == ["changed", "created"], log
+        assert log[0].why == "version 2" and log[0].by == "test"
+    for beat in beats:
+        beat.stop()
+    messages = reader.finish()
+
+    # each slot once, whichever replica sent it
+    counts = Counter(m.slot for m in messages)
+    assert not [slot for slot, n in counts.items() if n > 1], "a slot was sent twice"
+
+    def us(instant: datetime | None) -> int:
+        assert instant is not None
+        return int(instant.timestamp() * US)
+
+    # nothing under a definition replaced more than a second before
+    stale = [
+        (at_us, kw)
+        for at_us, kw in _versions(messages, "edited")
+        if "'i': 1" in kw and at_us > us(edited2.updated) + EFFECT_US
+    ]
+    assert not stale, f"version 1 sent after the edit: {stale}"
+    assert any("'i': 2" in kw for _, kw in _versions(messages, "edited")), "version 2 never sent"
+    toggled_at = [at for at, _ in _versions(messages, "toggled")]
+    off_span = (us(disabled.updated) + EFFECT_US, us(enabled.updated))
+    assert not [at for at in toggled_at if off_span[0] < at <= off_span[1]], (
+        "sent while disabled"
+    )
+    assert [at for at in toggled_at if at > off_span[1]], "not sent again once enabled"
+    doomed_at = [at for at, _ in _versions(messages, "doomed")]
+    assert doomed.revision is not None and doomed_at
+    assert not [at for at in doomed_at if at > deleted_at + EFFECT_US], "sent after its delete"
+    # the single run: once, at its instant
+    assert [at for at, _ in _versions(messages, "once")] == [us(once_at)], messages
+    assert once.max_runs == 1 or once.max_runs is None
+    assert toggled.revision is not None
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.shared_postgres
+def test_stored_entries_edited_while_replicas_run_postgres(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str
+) -> None:
+    _edit_cycle(rig, f"{redis_url}/6", pg_url, table_prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.mysql
+@pytest.mark.redis
+def test_stored_entries_edited_while_replicas_run_mariadb(
+    rig: Rig, mysql_url: str, redis_url: str, table_prefix: str
+) -> None:
+    _edit_cycle(rig, f"{redis_url}/6", mysql_url, table_prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_stored_entries_edited_while_replicas_run_sqlite(
+    rig: Rig, tmp_path: Path, redis_url: str, table_prefix: str
+) -> None:
+    _edit_cycle(rig, f"{redis_url}/6", f"sqlite:///{tmp_path / 'stored.db'}", table_prefix)
