@@ -90,3 +90,52 @@ class ControlError(SingleBeatError):
     singleton key that has no lease row, or an input out of range (a pause that
     would end in the past, a reason longer than the column holds).
     """
+
+
+class ScheduleStoreError(SingleBeatError):
+    """A write of stored schedules was refused, and nothing of its batch was written.
+
+    ``name`` is the entry the refused write named. (``args`` are the
+    constructor's arguments, so pickle rebuilds the same error.)
+    """
+
+    def __init__(self, name: str, *details: object) -> None:
+        super().__init__(name, *details)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"schedule entry {self.name!r} refused"
+
+
+class ScheduleExists(ScheduleStoreError):
+    """A create named an entry that already has a live row (a tombstone does not
+    count: a create over it revives the name)."""
+
+    def __str__(self) -> str:
+        return f"schedule entry {self.name!r} exists already"
+
+
+class ScheduleNotFound(ScheduleStoreError):
+    """An update or a delete named an entry that has no live row (never
+    created, or deleted)."""
+
+    def __str__(self) -> str:
+        return f"no schedule entry named {self.name!r}"
+
+
+class ScheduleConflict(ScheduleStoreError):
+    """A write's ``if_revision`` differs from the stored live row's revision:
+    someone else changed the entry since the writer read it. ``revision`` is
+    the stored one (None: the entry has no live row), ``expected`` the writer's."""
+
+    def __init__(self, name: str, revision: int | None, expected: int) -> None:
+        super().__init__(name, revision, expected)
+        self.revision = revision
+        self.expected = expected
+
+    def __str__(self) -> str:
+        at = "has no live row" if self.revision is None else f"is at revision {self.revision}"
+        return (
+            f"schedule entry {self.name!r} {at}, not {self.expected}: reload it and apply "
+            "the edit again"
+        )

@@ -76,9 +76,14 @@ from .store.base import (
     RunBegin,
     RunRecord,
     RunStatus,
+    ScheduleFeed,
+    ScheduleLogRow,
+    ScheduleRow,
+    ScheduleWrite,
     SlotKey,
     Store,
 )
+from .store.schedule_edits import check_batch, plan
 from .store.schema import SCHEMA_VERSION
 
 __all__ = [
@@ -198,6 +203,10 @@ def _wall_us() -> int:
     return time.time_ns() // 1000
 
 
+def _by_name(row: ScheduleRow) -> str:
+    return row.name
+
+
 class MemoryStore(Store):
     """The storage contract in process memory, shared by threads.
 
@@ -253,6 +262,12 @@ class MemoryStore(Store):
         self.stop_at_reconnect = False
         #: lose_writes() broke the connection; the next round trip finds it so
         self._broken = False
+        #: stored schedules: rows by name (tombstones too), the history, the
+        #: last revision given (the SQL store's counter row), the feed's floor
+        self._schedules: dict[str, ScheduleRow] = {}
+        self._schedule_log: list[ScheduleLogRow] = []
+        self._schedule_revision = 0
+        self._schedule_floor = 0
 
     # -- test helpers ------------------------------------------------------
 
@@ -732,6 +747,103 @@ class MemoryStore(Store):
             for name in locks:
                 del self._locks[name]
             return len(runs) + len(locks)
+
+    # -- stored schedules ---------------------------------------------------
+
+    def write_schedules(
+        self,
+        writes: Sequence[ScheduleWrite],
+        by: str,
+        why: str = "",
+        connection: Any = None,
+    ) -> list[ScheduleRow]:
+        """See :meth:`.ScheduleStore.write_schedules`. A batch is one atomic
+        decision under the store's lock, so revisions are visible in order by
+        construction. ``connection`` is not supported (there is no caller's
+        transaction to join in memory): TypeError."""
+        if connection is not None:
+            raise TypeError(
+                "MemoryStore.write_schedules: connection= is not supported: the memory "
+                "store has no transactions to join; call it without a connection"
+            )
+        writes = list(writes)
+        check_batch(writes, by, why)
+        if not writes:
+            return []
+        with self._round_trip("write schedules") as now:
+            revision = self._schedule_revision + 1
+            stored = {w.name: self._schedules[w.name] for w in writes if w.name in self._schedules}
+            edits = plan(writes, stored, by, revision, now)
+            changed = [e for e in edits if e.action is not None]
+            if changed:
+                self._schedule_revision = revision
+                for edit in changed:
+                    self._schedules[edit.after.name] = edit.after
+                    self._schedule_log.append(
+                        ScheduleLogRow(
+                            revision, edit.after.name, edit.action or "", by, why, now, edit.changes
+                        )
+                    )
+            return [e.after for e in edits]
+
+    def schedule_rows(self) -> tuple[list[ScheduleRow], int]:
+        """See :meth:`.ScheduleStore.schedule_rows`."""
+        with self._round_trip("read schedules"):
+            rows = sorted((r for r in self._schedules.values() if not r.deleted), key=_by_name)
+            return rows, self._top_revision()
+
+    def schedule_row(self, name: str) -> ScheduleRow | None:
+        """See :meth:`.ScheduleStore.schedule_row`."""
+        with self._round_trip("read schedule"):
+            row = self._schedules.get(name)
+            return None if row is None or row.deleted else row
+
+    def schedule_feed(self, after: int) -> ScheduleFeed:
+        """See :meth:`.ScheduleStore.schedule_feed`."""
+        with self._round_trip("read schedule feed"):
+            rows = sorted(
+                (r for r in self._schedules.values() if r.revision > after),
+                key=lambda r: (r.revision, r.name),
+            )
+            cursor = max((r.revision for r in rows), default=after)
+            return ScheduleFeed(rows, cursor, after >= self._schedule_floor)
+
+    def feed_versions(self) -> int:
+        """See :meth:`.ScheduleStore.feed_versions`; the control version is the
+        one :meth:`pause`, :meth:`resume` and :meth:`request_run` raise."""
+        with self._round_trip("read feed versions"):
+            return self._top_revision()
+
+    def _top_revision(self) -> int:
+        return max((r.revision for r in self._schedules.values()), default=0)
+
+    def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
+        """See :meth:`.ScheduleStore.schedule_log`."""
+        with self._round_trip("read schedule log"):
+            rows = [r for r in self._schedule_log if name is None or r.name == name]
+            rows.sort(key=lambda r: (-r.revision, r.name))
+            return rows[: max(limit, 0)]
+
+    def prune_schedules(self, tombstones_us: int, log_us: int) -> int:
+        """See :meth:`.ScheduleStore.prune_schedules`."""
+        with self._round_trip("prune schedules") as now:
+            old = [
+                r
+                for r in self._schedules.values()
+                if r.deleted and r.updated_us < now - tombstones_us
+            ]
+            self._schedule_floor = max([self._schedule_floor, *(r.revision for r in old)])
+            for row in old:
+                del self._schedules[row.name]
+            kept = [r for r in self._schedule_log if r.at_us >= now - log_us]
+            gone = len(self._schedule_log) - len(kept)
+            self._schedule_log = kept
+            return len(old) + gone
+
+    def sent_count(self, name: str, since_us: int) -> int:
+        """See :meth:`.ScheduleStore.sent_count`."""
+        with self._round_trip("count sent slots"):
+            return sum(1 for k in self._slots if k.entry == name and k.slot_us >= since_us)
 
     def ping(self) -> int:
         """See :meth:`.StoreConnection.ping`."""

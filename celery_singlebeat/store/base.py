@@ -16,7 +16,9 @@ suite, run against every store (in-memory, SQLite, PostgreSQL, MariaDB):
 * :class:`~.fleet_store.FleetStore`: the fleet and its controls as the
   replicas see them (heartbeat, catalog, pauses, control version, and
   :meth:`~.fleet_store.FleetStore.listen` for a channel that hears them);
-* :class:`~.singleton_store.SingletonStore`: SingletonTask's leases and runs.
+* :class:`~.singleton_store.SingletonStore`: SingletonTask's leases and runs;
+* :class:`~.schedule_store.ScheduleStore`: stored schedules (entries kept in
+  the database and edited at run time), their change feed and their history.
 
 :class:`Store` is all of them at once: what the scheduler opens, and what
 ``SqlStore`` (``store/sql.py``) and :class:`~celery_singlebeat.testing.MemoryStore`
@@ -49,20 +51,34 @@ Workers (:class:`~celery_singlebeat.SingletonTask`) use two more kinds of row:
   a worker: **running** (``finished`` false) until ``expires_us``, which the
   worker renews while it runs, then **finished**. Each start of a run has its
   own ``run_id``, so a worker can only finish or renew the start it made.
+
+Stored schedules have two more:
+
+* a **schedule row** per stored entry (:class:`~.values.ScheduleRow`), at the
+  **revision** of the batch that last changed it; revisions commit in
+  revision order, so a reader that has seen revision R has seen every write
+  up to R; a deleted entry's row stays as a **tombstone** until pruned, so
+  the **feed** (the rows above a cursor revision) reports the delete;
+* a **history row** per changed entry per revision: who, when, why, and the
+  field-by-field diff.
 """
 
 from __future__ import annotations
 
 from .connection import StoreConnection
 from .fleet_store import ControlListener, FleetStore
+from .schedule_store import ScheduleStore
 from .singleton_store import SingletonStore
 from .slot_store import SlotStore
 from .values import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
+    EDITABLE,
     LIVE_HEARTBEATS,
     LIVE_SLACK_US,
     PAUSE_ALL,
+    SCHEDULE_FLOOR_KEY,
+    SCHEDULE_REVISION_KEY,
     Busy,
     CatalogEntry,
     Claim,
@@ -74,6 +90,10 @@ from .values import (
     RunBegin,
     RunRecord,
     RunStatus,
+    ScheduleFeed,
+    ScheduleLogRow,
+    ScheduleRow,
+    ScheduleWrite,
     SlotKey,
     controls_channel,
 )
@@ -81,9 +101,12 @@ from .values import (
 __all__ = [
     "CONTROLS_KEY",
     "EARLY_TOLERANCE_US",
+    "EDITABLE",
     "LIVE_HEARTBEATS",
     "LIVE_SLACK_US",
     "PAUSE_ALL",
+    "SCHEDULE_FLOOR_KEY",
+    "SCHEDULE_REVISION_KEY",
     "Busy",
     "CatalogEntry",
     "Claim",
@@ -97,6 +120,11 @@ __all__ = [
     "RunBegin",
     "RunRecord",
     "RunStatus",
+    "ScheduleFeed",
+    "ScheduleLogRow",
+    "ScheduleRow",
+    "ScheduleStore",
+    "ScheduleWrite",
     "SingletonStore",
     "SlotKey",
     "SlotStore",
@@ -106,7 +134,7 @@ __all__ = [
 ]
 
 
-class Store(SlotStore, FleetStore, SingletonStore):
+class Store(SlotStore, FleetStore, SingletonStore, ScheduleStore):
     """Shared state of all replicas and workers: every audience's contract at once.
 
     Implementations: SQL (``store.sql``) and in-memory

@@ -34,11 +34,15 @@ _Name = String(MAX_ENTRY_NAME).with_variant(
     mysql.VARCHAR(MAX_ENTRY_NAME, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
 
+#: a JSON text or a description: MySQL's TEXT stops at 64 KiB
+_Text = Text().with_variant(mysql.MEDIUMTEXT(charset="utf8mb4"), "mysql", "mariadb")
+
 
 class Tables:
     """The tables, named with the configured prefix: three for the scheduler,
     two for :class:`~celery_singlebeat.SingletonTask`, four for operating the
-    fleet (replicas, the entries each replica has, pauses, run-now requests)."""
+    fleet (replicas, the entries each replica has, pauses, run-now requests),
+    two for stored schedules (the entries and their history)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -191,4 +195,58 @@ class Tables:
             Column("requested_by", String(120), nullable=False),
             Column("reason", String(500), nullable=False),
             Column("at_us", BigInteger, nullable=False),
+        )
+
+        # -- stored schedules (store/schedule_store.py) -------------------------
+        # One row per stored entry; a deleted entry stays as a tombstone
+        # (deleted = 1) until prune_schedules, so the feed reports the delete.
+        # A replica follows the table by revision through ix_..._revision: the
+        # feed is a range scan from its cursor and feed_versions reads
+        # max(revision) from the index, so neither grows with the entries.
+        # Revisions are handed out by the meta row 'schedule_revision', which
+        # only writers lock (they commit in revision order: ScheduleStore's
+        # docstring says why); readers never touch it. Not unique: a batch's
+        # rows share its revision.
+        self.schedules = Table(
+            f"{prefix}schedules",
+            self.metadata,
+            Column("name", _Name, primary_key=True),
+            Column("task", String(255), nullable=False),
+            # JSON texts the store does not interpret
+            Column("spec", _Text, nullable=False),
+            Column("args", _Text, nullable=False),
+            Column("kwargs", _Text, nullable=False),
+            Column("options", _Text, nullable=False),
+            Column("enabled", SmallInteger, nullable=False),  # 0 or 1
+            Column("start_us", BigInteger, nullable=True),
+            Column("end_us", BigInteger, nullable=True),
+            Column("max_runs", BigInteger, nullable=True),
+            Column("policy", _Text, nullable=True),
+            Column("jitter_us", BigInteger, nullable=False),
+            Column("description", _Text, nullable=False),
+            Column("managed_by", String(255), nullable=True),
+            Column("revision", BigInteger, nullable=False),
+            Column("created_us", BigInteger, nullable=False),
+            Column("updated_us", BigInteger, nullable=False),
+            Column("created_by", String(120), nullable=False),
+            Column("updated_by", String(120), nullable=False),
+            Column("deleted", SmallInteger, nullable=False),  # 1: a tombstone
+            Index(f"ix_{prefix}schedules_revision", "revision"),
+        )
+        # One row per changed entry per revision: who, when (database clock),
+        # why, and the field-by-field diff (JSON; args and kwargs as digests).
+        self.schedule_log = Table(
+            f"{prefix}schedule_log",
+            self.metadata,
+            Column("revision", BigInteger, primary_key=True, autoincrement=False),
+            Column("name", _Name, primary_key=True),
+            Column("action", String(16), nullable=False),  # created, changed, deleted
+            Column("changed_by", String(120), nullable=False),
+            Column("why", String(1000), nullable=False),
+            Column("at_us", BigInteger, nullable=False),
+            Column("changes", _Text, nullable=False),
+            # one entry's history, newest first
+            Index(f"ix_{prefix}schedule_log_name", "name", "revision"),
+            # the prune's range of old rows
+            Index(f"ix_{prefix}schedule_log_at", "at_us"),
         )

@@ -43,6 +43,10 @@ from .base import (
     RunBegin,
     RunRecord,
     RunStatus,
+    ScheduleFeed,
+    ScheduleLogRow,
+    ScheduleRow,
+    ScheduleWrite,
     SlotKey,
     Store,
     controls_channel,
@@ -50,6 +54,7 @@ from .base import (
 from .executor import MAX_ATTEMPTS, SqlExecutor
 from .fleet_statements import FleetDialect, fleet_dialect_for
 from .lease_statements import LeaseDialect, lease_dialect_for
+from .schedules_sql import SqlSchedules
 from .schema import SCHEMA_VERSION, Tables
 from .statements import Dialect, dialect_for
 
@@ -151,6 +156,8 @@ class SqlStore(Store):
         #: replica id -> the id of the catalog it last published
         self._catalogs: dict[str, str] = {}
         self.lease_sql: LeaseDialect = lease_dialect_for(self.backend, table_prefix)
+        #: stored schedules: their statements and methods (schedules_sql.py)
+        self.schedules = SqlSchedules(self)
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
         self.round_trips = 0
@@ -284,6 +291,10 @@ class SqlStore(Store):
             )
             for turn in ("prune", "prune_singletons", CONTROLS_KEY):
                 conn.execute(self.executor.text(self.sql.meta_insert), {"key": turn, "value_us": 0})
+            for key, value in self.schedules.seed(conn):
+                conn.execute(
+                    self.executor.text(self.sql.meta_insert), {"key": key, "value_us": value}
+                )
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
             ).one()[1]
@@ -827,6 +838,38 @@ class SqlStore(Store):
             return int(runs) + int(locks)
 
         return self.executor.run("prune singletons", work)
+
+    # -- stored schedules (schedules_sql.py) ------------------------------------
+
+    def write_schedules(
+        self,
+        writes: Sequence[ScheduleWrite],
+        by: str,
+        why: str = "",
+        connection: Any = None,
+    ) -> list[ScheduleRow]:
+        return self.schedules.write(writes, by, why, connection)
+
+    def schedule_rows(self) -> tuple[list[ScheduleRow], int]:
+        return self.schedules.rows()
+
+    def schedule_row(self, name: str) -> ScheduleRow | None:
+        return self.schedules.row(name)
+
+    def schedule_feed(self, after: int) -> ScheduleFeed:
+        return self.schedules.feed(after)
+
+    def feed_versions(self) -> int:
+        return self.schedules.versions()
+
+    def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
+        return self.schedules.log(name, limit)
+
+    def prune_schedules(self, tombstones_us: int, log_us: int) -> int:
+        return self.schedules.prune(tombstones_us, log_us)
+
+    def sent_count(self, name: str, since_us: int) -> int:
+        return self.schedules.sent_count(name, since_us)
 
     def ping(self) -> int:
         return self.executor.run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))

@@ -2,15 +2,18 @@
 
 Slot keys and claims (:mod:`.slot_store`), replica rows, catalog entries and
 pauses (:mod:`.fleet_store`), SingletonTask's leases and runs
-(:mod:`.singleton_store`). The vocabulary (slot row, claim, lease, fence,
+(:mod:`.singleton_store`), stored schedules' rows, writes, feed and log
+(:mod:`.schedule_store`). The vocabulary (slot row, claim, lease, fence,
 high-water mark, token, run) is defined once, in :mod:`.base`. Instants are
 microseconds since the Unix epoch, UTC, on the database's clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from .. import timing
 
@@ -184,3 +187,113 @@ class RunRecord(NamedTuple):
     #: ``None`` while it runs (or when it was abandoned for a retry)
     outcome: str | None = None
     finished_us: int | None = None
+
+
+# -- stored schedules (schedule_store.py) --------------------------------------
+
+
+class ScheduleRow(NamedTuple):
+    """One stored schedule entry as the store keeps it: plain values, some of
+    them JSON texts the store does not interpret (only parses, to diff them).
+
+    The first 14 fields (:data:`EDITABLE`) are written by the caller; the
+    rest are kept by the store. Instants are µs on the database's clock.
+    """
+
+    name: str
+    task: str
+    #: the schedule, JSON text (opaque to the store)
+    spec: str
+    #: JSON texts (opaque): the task's arguments and its ``apply_async`` options
+    args: str
+    kwargs: str
+    options: str
+    enabled: bool
+    start_us: int | None
+    end_us: int | None
+    max_runs: int | None
+    #: the missed-run policy override, JSON text, or None
+    policy: str | None
+    jitter_us: int
+    description: str
+    #: who manages the entry (a file kept in git, say), None: by hand
+    managed_by: str | None
+    #: the revision of the write that last changed the row (its batch's)
+    revision: int = 0
+    #: the database's clock at the create (or at the revival of a tombstone)
+    #: and at the last change, and who made them
+    created_us: int = 0
+    updated_us: int = 0
+    created_by: str = ""
+    updated_by: str = ""
+    #: a tombstone: the row of a deleted entry, kept so that feeds report the
+    #: delete (only a feed returns it; its other fields are the entry's last)
+    deleted: bool = False
+
+
+#: the fields of :class:`ScheduleRow` a caller writes, in order
+EDITABLE: tuple[str, ...] = ScheduleRow._fields[:14]
+
+#: the write operations of :class:`ScheduleWrite`
+SCHEDULE_OPS = ("create", "replace", "update", "delete")
+
+#: an empty, immutable ``fields`` (a shared default must not be a dict)
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+
+
+class ScheduleWrite(NamedTuple):
+    """One write of a batch (:meth:`.ScheduleStore.write_schedules`).
+
+    ``op``: ``"create"`` (the name must have no live row), ``"replace"``
+    (create or overwrite), ``"update"`` (change some fields of a live row) or
+    ``"delete"`` (the live row becomes a tombstone). ``fields``: for create and
+    replace every :data:`EDITABLE` field but ``name``; for update only those
+    that change; for delete nothing. ``if_revision``: refuse the write unless
+    the stored live row is at exactly this revision
+    (:class:`~celery_singlebeat.exceptions.ScheduleConflict`).
+    """
+
+    op: str
+    name: str
+    fields: Mapping[str, Any] = NO_FIELDS
+    if_revision: int | None = None
+
+
+class ScheduleFeed(NamedTuple):
+    """What :meth:`.ScheduleStore.schedule_feed` read after a cursor."""
+
+    #: every row (tombstones included) written after the cursor, by revision
+    rows: list[ScheduleRow]
+    #: the cursor to pass next time
+    revision: int
+    #: False: the cursor is older than what the prune kept (tombstones were
+    #: deleted since): reload with :meth:`.ScheduleStore.schedule_rows`
+    complete: bool
+
+
+class ScheduleLogRow(NamedTuple):
+    """One change of one entry, as the history of stored schedules records it."""
+
+    revision: int
+    name: str
+    #: ``"created"``, ``"changed"`` or ``"deleted"``
+    action: str
+    by: str
+    why: str
+    #: the database's clock at the write
+    at_us: int
+    #: JSON text ``{"field": [old, new], ...}`` over the EDITABLE fields; the
+    #: JSON-text fields as parsed values, ``args`` and ``kwargs`` as digests only
+    changes: str
+
+
+#: the meta row whose value is the last revision given to a schedule write
+#: (only writers touch it: schedule_store.py says why)
+SCHEDULE_REVISION_KEY = "schedule_revision"
+
+#: the meta row holding the highest revision of a tombstone the prune deleted
+SCHEDULE_FLOOR_KEY = "schedule_floor"
+
+#: the longest ``by`` and ``why`` of a schedule write
+MAX_SCHEDULE_BY = 120
+MAX_SCHEDULE_WHY = 1000

@@ -1,10 +1,10 @@
 """The storage contract split by audience cannot drift (no services needed).
 
 ``store/base.py``'s :class:`Store` is exactly its audiences' contracts
-(:class:`SlotStore`, :class:`FleetStore`, :class:`SingletonStore`, over the
-:class:`StoreConnection` they share): it adds nothing, each method belongs to
-one audience, CONTRIBUTING.md's table says which, and both stores the package
-ships implement every contract.
+(:class:`SlotStore`, :class:`FleetStore`, :class:`SingletonStore`,
+:class:`ScheduleStore`, over the :class:`StoreConnection` they share): it adds
+nothing, each method belongs to one audience, CONTRIBUTING.md's table says
+which, and both stores the package ships implement every contract.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from sqlalchemy.engine import make_url
 from celery_singlebeat.store.base import (
     ControlListener,
     FleetStore,
+    ScheduleStore,
+    ScheduleWrite,
     SingletonStore,
     SlotStore,
     Store,
@@ -27,7 +29,12 @@ from celery_singlebeat.store.base import (
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
 
-AUDIENCES: tuple[type[StoreConnection], ...] = (SlotStore, FleetStore, SingletonStore)
+AUDIENCES: tuple[type[StoreConnection], ...] = (
+    SlotStore,
+    FleetStore,
+    SingletonStore,
+    ScheduleStore,
+)
 CONTRACTS: tuple[type[StoreConnection], ...] = (StoreConnection, *AUDIENCES)
 
 CONTRIBUTING = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"
@@ -128,6 +135,16 @@ def test_the_contract_defaults_of_a_store_that_overrides_nothing_optional() -> N
     assert store.stop_at_reconnect is False
     assert store.interruptions == 0
     assert store.heartbeat.__func__ is FleetStore.heartbeat  # type: ignore[attr-defined]
+    # stored schedules: reads answer nothing, writes say the store keeps none
+    assert store.schedule_rows() == ([], 0)
+    assert store.schedule_row("a") is None
+    assert store.schedule_feed(7) == ([], 7, True)
+    assert store.feed_versions() == 0
+    assert store.schedule_log() == []
+    assert store.prune_schedules(1, 1) == 0
+    assert store.sent_count("a", 0) == 0
+    with pytest.raises(NotImplementedError, match="keeps no stored schedules"):
+        store.write_schedules([ScheduleWrite("delete", "a")], "me")
 
 
 def contributing_table() -> dict[str, set[str]]:
