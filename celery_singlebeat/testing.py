@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -63,6 +63,7 @@ from .slots import MissedPolicy
 from .sources import Change, ChangeKind, EntryDefinition, EntrySource
 from .store.base import (
     EARLY_TOLERANCE_US,
+    STALE_DEFINITION_US,
     PAUSE_ALL,
     Busy,
     CatalogEntry,
@@ -412,7 +413,13 @@ class MemoryStore(Store):
                 out[name] = EntryState(name, entry.anchor_us, max(candidates, default=None))
             return out
 
-    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+    def claim(
+        self,
+        owner: str,
+        slots: Sequence[SlotKey],
+        lease_us: int,
+        revisions: Mapping[str, int] | None = None,
+    ) -> list[Claim]:
         """See :meth:`.SlotStore.claim`."""
         if not slots:
             return []
@@ -425,6 +432,8 @@ class MemoryStore(Store):
                     continue
                 if self._pauses and self._paused(key.entry, now):
                     continue
+                if revisions and self._stale(key.entry, revisions.get(key.entry, 0), now):
+                    continue
                 row = self._slots.get(key)
                 if row is None:
                     self._slots[key] = _Row(0, owner, 1, now + lease_us, now)
@@ -434,6 +443,17 @@ class MemoryStore(Store):
                     row.lease_until_us, row.claimed_us = now + lease_us, now
                     won.append(Claim(key.entry, key.slot_us, row.fence))
             return won
+
+    def _stale(self, entry: str, revision: int, now: int) -> bool:
+        """As the SQL claim: a stored entry replaced more than a second ago."""
+        if revision <= 0:
+            return False
+        row = self._schedules.get(entry)
+        return (
+            row is not None
+            and row.revision != revision
+            and row.updated_us < now - STALE_DEFINITION_US
+        )
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
         """See :meth:`.SlotStore.confirm`."""
@@ -812,7 +832,8 @@ class MemoryStore(Store):
         """See :meth:`.ScheduleStore.feed_versions`; the control version is the
         one :meth:`pause`, :meth:`resume` and :meth:`request_run` raise."""
         with self._round_trip("read feed versions"):
-            return self._top_revision()
+            self.schedule_revision = self._top_revision()
+            return self.schedule_revision
 
     def _top_revision(self) -> int:
         return max((r.revision for r in self._schedules.values()), default=0)

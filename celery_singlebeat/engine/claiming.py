@@ -20,6 +20,7 @@ from ..decisions import batch_fields, slot_fields, slot_text
 from ..exceptions import StoreUnavailable
 from ..sharing import FALLBACK_BATCH, FALLBACK_DELAY_US, FIRST_BATCH
 from ..slots import Plan, plan_due, slot_task_id
+from ..schedules.source import LABEL as STORED
 from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey
 from .agenda import NOTHING_WON, Agenda, Tracked
 from .context import ReplicaContext
@@ -58,6 +59,18 @@ class Claiming:
         self.hold = hold
         self.controls = controls
         self.held = held
+
+    def _revisions(self, due: list[Tracked]) -> dict[str, int] | None:
+        """The revision each due stored entry is proposed under: the claim
+        refuses its slots once the database holds a definition replaced more
+        than a second before (SlotStore.claim)."""
+        definitions = self.agenda.definitions
+        revisions = {}
+        for tracked in due:
+            definition = definitions.get(tracked.name)
+            if definition is not None and definition.source == STORED:
+                revisions[tracked.name] = int(definition.revision)
+        return revisions or None
 
     def claim_due(self) -> Claimed | None:
         """Claim what is due now; None when nothing is."""
@@ -104,7 +117,14 @@ class Claiming:
             return None
         started = ctx.env.monotonic()
         try:
-            won = store.claim(ctx.replica_id, keys, ctx.settings.lease_us)
+            revisions = self._revisions(due)
+            # a store of an earlier release takes three arguments: only stored
+            # entries need the fourth, and such a store has none
+            won = (
+                store.claim(ctx.replica_id, keys, ctx.settings.lease_us, revisions)
+                if revisions
+                else store.claim(ctx.replica_id, keys, ctx.settings.lease_us)
+            )
         except StoreUnavailable:
             # No answer: keep the slots due, the next attempt proposes them again.
             # The claim may have been applied all the same: the retry then wins

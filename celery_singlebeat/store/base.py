@@ -73,6 +73,7 @@ from .slot_store import SlotStore
 from .values import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
+    STALE_DEFINITION_US,
     EDITABLE,
     LIVE_HEARTBEATS,
     LIVE_SLACK_US,
@@ -101,6 +102,7 @@ from .values import (
 __all__ = [
     "CONTROLS_KEY",
     "EARLY_TOLERANCE_US",
+    "STALE_DEFINITION_US",
     "EDITABLE",
     "LIVE_HEARTBEATS",
     "LIVE_SLACK_US",

@@ -54,6 +54,12 @@ _NONE = "this store keeps no stored schedules (a store written for an earlier re
 class ScheduleStore(StoreConnection):
     """The stored schedules, their change feed and their history."""
 
+    #: the highest schedules revision the last :meth:`feed_versions` read
+    #: (None: not read yet). A replica's stored-schedules source compares its
+    #: cursor with it, so that a tick in which nothing changed costs no
+    #: statement of its own.
+    schedule_revision: int | None = None
+
     def write_schedules(
         self,
         writes: Sequence[ScheduleWrite],
@@ -161,6 +167,7 @@ class ScheduleStore(StoreConnection):
         :attr:`.FleetStore.controls_version` as the heartbeat keeps it. One
         statement, one round trip, on every backend. The default: 0 (and the
         control version untouched)."""
+        self.schedule_revision = 0
         return 0
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:

@@ -12,7 +12,7 @@ for :meth:`SlotStore.reassert`, ``test_failover_contract.py``.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .connection import StoreConnection
 from .values import Claim, EntryState, SlotKey
@@ -41,7 +41,13 @@ class SlotStore(StoreConnection):
         """
 
     @abstractmethod
-    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+    def claim(
+        self,
+        owner: str,
+        slots: Sequence[SlotKey],
+        lease_us: int,
+        revisions: Mapping[str, int] | None = None,
+    ) -> list[Claim]:
         """Atomically claim the given slots for ``owner``; return those won.
 
         A slot is won when either (a) it has no row and it is newer than its
@@ -56,8 +62,14 @@ class SlotStore(StoreConnection):
         count once; slots of unregistered entries are never won, and neither is
         a slot more than :data:`.EARLY_TOLERANCE_US` after the database's now (a
         replica whose clock estimate runs ahead must not send early: it proposes
-        such a slot again when it is due). Rows are locked in
-        ``(entry, slot_us)`` order so concurrent claims cannot deadlock.
+        such a slot again when it is due). ``revisions`` names, for stored
+        entries, the revision of the definition the claimer proposes under: a
+        slot of such an entry is not won when its row in the stored schedules
+        (:class:`.ScheduleStore`) has another revision, written (or deleted)
+        more than :data:`.STALE_DEFINITION_US` before the database's now, so no
+        slot goes out under a definition replaced more than a second before,
+        whatever the claimer knows. Rows are locked in ``(entry, slot_us)``
+        order so concurrent claims cannot deadlock.
         """
 
     @abstractmethod

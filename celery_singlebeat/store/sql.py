@@ -17,7 +17,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,6 +32,7 @@ from ..timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from .base import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
+    STALE_DEFINITION_US,
     Busy,
     CatalogEntry,
     Claim,
@@ -336,10 +337,18 @@ class SqlStore(Store):
 
         return self.executor.run("register entries", work)
 
-    def claim(self, owner: str, slots: Sequence[SlotKey], lease_us: int) -> list[Claim]:
+    def claim(
+        self,
+        owner: str,
+        slots: Sequence[SlotKey],
+        lease_us: int,
+        revisions: Mapping[str, int] | None = None,
+    ) -> list[Claim]:
         if not slots:
             return []
-        payload = json.dumps(sorted({(s.entry, s.slot_us) for s in slots}))
+        # each slot with the revision it is proposed under (0: no stored entry)
+        revs = revisions or {}
+        payload = json.dumps(sorted({(s.entry, s.slot_us, revs.get(s.entry, 0)) for s in slots}))
         if self.sql.returning:
             return self.executor.run(
                 "claim",
@@ -352,6 +361,7 @@ class SqlStore(Store):
                             slots=payload,
                             lease_us=lease_us,
                             early_us=EARLY_TOLERANCE_US,
+                            stale_us=STALE_DEFINITION_US,
                         )
                     )
                 ),
@@ -367,6 +377,7 @@ class SqlStore(Store):
                     "lease_us": lease_us,
                     "batch": batch,
                     "early_us": EARLY_TOLERANCE_US,
+                    "stale_us": STALE_DEFINITION_US,
                 },
             )
             return _claims(
@@ -860,7 +871,8 @@ class SqlStore(Store):
         return self.schedules.feed(after)
 
     def feed_versions(self) -> int:
-        return self.schedules.versions()
+        self.schedule_revision = self.schedules.versions()
+        return self.schedule_revision
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         return self.schedules.log(name, limit)

@@ -67,6 +67,7 @@ class Dialect:
             "k": f"{prefix}catalog",
             "h": f"{prefix}catalogs",
             "p": f"{prefix}pauses",
+            "d": f"{prefix}schedules",
         }
         values = {
             field: (
@@ -103,8 +104,22 @@ def _paused(entry: str, now: str) -> str:
                    AND (p.until_us IS NULL OR p.until_us > {now}))"""
 
 
+def _stale(entry: str, revision: str, now: str) -> str:
+    """True when ``entry`` is a stored entry proposed under ``revision`` (an
+    SQL expression; 0 for an entry of no stored schedule) and its row says the
+    definition was replaced more than ``:stale_us`` before ``now``: edited to
+    another revision, disabled or deleted (a tombstone has its own revision)."""
+    return f"""({revision} > 0 AND EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
+                   AND d.revision <> {revision} AND d.updated_us < {now} - :stale_us))"""
+
+
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
                        CAST(v ->> 2 AS BIGINT) AS fence
+                FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
+
+#: the claim's slots: each with the revision it is proposed under (Store.claim)
+_PG_CLAIM_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
+                       CAST(v ->> 2 AS BIGINT) AS revision
                 FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
 
 POSTGRESQL = Dialect(
@@ -133,11 +148,12 @@ POSTGRESQL = Dialect(
         won AS (
             INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us, claimed_us)
             SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, n.us + :lease_us, n.us
-            FROM {_PG_SLOTS}
+            FROM {_PG_CLAIM_SLOTS}
             JOIN {{e}} e ON e.name = c.entry
             CROSS JOIN n
             WHERE c.slot_us > COALESCE(e.last_slot_us, -1) AND c.slot_us <= n.us + :early_us
               AND NOT {_paused("c.entry", "n.us")}
+              AND NOT {_stale("c.entry", "c.revision", "n.us")}
             ORDER BY c.entry, c.slot_us
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
@@ -290,11 +306,13 @@ MYSQL = Dialect(
         SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, {_MY_NOW} + :lease_us, {_MY_NOW}, :batch
         FROM JSON_TABLE(:slots, '$[*]' COLUMNS (
                 entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
-                slot_us BIGINT PATH '$[1]')) c
+                slot_us BIGINT PATH '$[1]',
+                revision BIGINT PATH '$[2]')) c
         JOIN {{e}} e ON e.name = c.entry COLLATE utf8mb4_bin
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
           AND c.slot_us <= {_MY_NOW} + :early_us
           AND NOT {_paused("c.entry COLLATE utf8mb4_bin", _MY_NOW)}
+          AND NOT {_stale("c.entry COLLATE utf8mb4_bin", "c.revision", _MY_NOW)}
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
             batch = IF(state = 0 AND (lease_until_us < VALUES(claimed_us) OR owner = VALUES(owner)),
@@ -425,6 +443,8 @@ SQLITE = Dialect(
         WHERE json_extract(c.value, '$[1]') > COALESCE(e.last_slot_us, -1)
           AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
           AND NOT {_paused("json_extract(c.value, '$[0]')", _LITE_NOW)}
+          AND NOT {_stale("json_extract(c.value, '$[0]')", "json_extract(c.value, '$[2]')",
+                          _LITE_NOW)}
         ORDER BY 1, 2
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET owner = excluded.owner, fence = s.fence + 1,

@@ -22,6 +22,12 @@ from .. import timing
 #: error while refusing a replica whose clock stepped forward.
 EARLY_TOLERANCE_US = 250_000
 
+#: a slot of a stored entry is refused when the claimer's definition was
+#: replaced (edited, disabled, deleted) this long before the database's now:
+#: replicas read the change feed every 0.9 s, so a replica still claiming under
+#: an older definition after this is one that has not read it (SlotStore.claim)
+STALE_DEFINITION_US = 1_000_000
+
 
 class SlotKey(NamedTuple):
     """One run of one entry: the entry's name and the slot instant."""
