@@ -46,6 +46,33 @@ class ScheduleError(SingleBeatError, ValueError):
     """A ``beat_schedule`` entry cannot be turned into shared slot instants."""
 
 
+class InvalidEntry(ScheduleError):
+    """A stored schedule entry was refused: a field of it is wrong, and nothing
+    was written.
+
+    The message names the entry and each wrong field, dotted for a part of one
+    (``schedule entry 'x': crontab.hour: 25 is out of range 0-23``; several
+    problems of one entry are listed in one error, separated by ``; ``).
+    ``entry`` is the entry's name, ``field`` the first wrong field (a
+    ``StoredEntry`` field name, or a dotted part of one: ``crontab.hour``,
+    ``options.priority``, ``schedule.tz``), ``problems`` every
+    ``(field, reason)`` found.
+    """
+
+    def __init__(self, entry: str, field: str, reason: str, *more: tuple[str, str]) -> None:
+        # args are the constructor's, so that pickle rebuilds the same error
+        super().__init__(entry, field, reason, *more)
+        self.entry = entry
+        self.field = field
+        self.problems: tuple[tuple[str, str], ...] = ((field, reason), *more)
+
+    def __str__(self) -> str:
+        listed = "; ".join(f"{field}: {reason}" for field, reason in self.problems)
+        # a name too long is itself a problem: show its start, not 10 KB of it
+        shown = self.entry if len(self.entry) <= 60 else f"{self.entry[:60]}..."
+        return f"schedule entry {shown!r}: {listed}"
+
+
 class SingletonBusy(SingleBeatError):
     """A SingletonTask's key was held by another execution.
 

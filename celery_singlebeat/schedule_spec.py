@@ -13,7 +13,14 @@ Kinds of spec (``{"kind": ...}``):
 * ``interval``: ``every_us``; slots are the entry's anchor plus multiples of it;
 * ``crontab``: the five fields as written, and the time zone name;
 * ``solar``: event, latitude, longitude;
+* ``at``: ``at_us``, one run at that instant (:class:`.slot_bounds.At`);
 * ``other``: a custom schedule; its next slot is known only to the replicas.
+
+A schedule within bounds (a stored entry's start, end, number of runs and
+jitter: :class:`.slot_bounds.BoundedSchedule`) is its inner schedule's spec
+plus ``bounds``: ``start_us``, ``end_us``, ``runs_from_us``, ``max_runs``,
+``jitter_us``, ``jitter_key`` (those set). Without any bound it is exactly its
+inner schedule's spec, so the fleet treats it as that.
 """
 
 from __future__ import annotations
@@ -24,9 +31,13 @@ from typing import Any
 
 from celery.schedules import crontab, solar
 
-from .clock import US
+from .clock import US, us_to_datetime
 from .exceptions import ScheduleError
+from .slot_bounds import At, BoundedSchedule, Bounds, bounded_sequence
 from .slots import SlotSequence, period_of, sequence_for
+
+#: the keys of a spec's ``bounds``, each an int (``jitter_key``: a str)
+_BOUND_KEYS = ("start_us", "end_us", "runs_from_us", "max_runs", "jitter_us", "jitter_key")
 
 
 def _zone_name(tz: Any) -> str:
@@ -41,9 +52,46 @@ def _every_text(period_us: int) -> str:
     return f"every {seconds:g}s"
 
 
+def _instant_text(instant_us: int) -> str:
+    return us_to_datetime(instant_us).isoformat().replace("+00:00", "Z")
+
+
+def bounds_text(bounds: Bounds) -> str:
+    """The bounds as a person reads them: ``from ..., until ..., at most 3 runs,
+    jitter 10s`` (empty without any)."""
+    parts = []
+    if bounds.start_us is not None:
+        parts.append(f"from {_instant_text(bounds.start_us)}")
+    if bounds.end_us is not None:
+        parts.append(f"until {_instant_text(bounds.end_us)}")
+    if bounds.max_runs is not None:
+        parts.append(f"at most {bounds.max_runs} run{'s' if bounds.max_runs != 1 else ''}")
+    if bounds.jitter_us > 0:
+        parts.append(f"jitter {bounds.jitter_us / US:g}s")
+    return ", ".join(parts)
+
+
 def spec_of(schedule: object, tz: tzinfo) -> tuple[str, str]:
     """The schedule as a person reads it, and its spec (compact JSON, sorted keys)."""
+    text, spec = _spec_of(schedule, tz)
+    return text, json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def _spec_of(schedule: object, tz: tzinfo) -> tuple[str, dict[str, Any]]:
     spec: dict[str, Any]
+    if isinstance(schedule, BoundedSchedule):
+        text, spec = _spec_of(schedule.inner, tz)
+        bounds = schedule.bounds
+        if bounds.bounded:
+            spec["bounds"] = {
+                key: getattr(bounds, key)
+                for key in _BOUND_KEYS
+                if getattr(bounds, key) not in (None, 0, "")
+            }
+            text = f"{text}, {bounds_text(bounds)}"
+        return text, spec
+    if isinstance(schedule, At):
+        return f"at {_instant_text(schedule.at_us)}", {"kind": "at", "at_us": schedule.at_us}
     period = period_of(schedule)
     if period is not None:
         period_us = int(period / timedelta(microseconds=1))
@@ -54,7 +102,11 @@ def spec_of(schedule: object, tz: tzinfo) -> tuple[str, str]:
             str(getattr(schedule, f"_orig_{field}"))
             for field in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
         ]
-        zone = _zone_name(getattr(schedule, "tz", None) or tz)
+        # the crontab's own zone, read from its __dict__: the ``tz`` property
+        # would ask Celery's current app and keep its answer in the crontab (a
+        # stored entry's crontab has no zone of its own but the app's, ``tz``)
+        own = getattr(schedule, "__dict__", {}).get("tz")
+        zone = _zone_name(own or tz)
         spec = {
             "kind": "crontab",
             "minute": fields[0],
@@ -77,7 +129,7 @@ def spec_of(schedule: object, tz: tzinfo) -> tuple[str, str]:
     else:
         spec = {"kind": "other", "type": type(schedule).__name__}
         text = type(schedule).__name__
-    return text, json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return text, spec
 
 
 def sequence_of(spec: str, anchor_us: int) -> SlotSequence | None:
@@ -87,9 +139,11 @@ def sequence_of(spec: str, anchor_us: int) -> SlotSequence | None:
     try:
         fields = json.loads(spec)
         kind = fields.get("kind")
+        schedule: object
+        zone = _utc()
         if kind == "interval":
-            return sequence_for(timedelta(microseconds=int(fields["every_us"])), anchor_us, _utc())
-        if kind == "crontab":
+            schedule = timedelta(microseconds=int(fields["every_us"]))
+        elif kind == "crontab":
             zone = _zone(fields["tz"])
             schedule = crontab(
                 minute=fields["minute"],
@@ -98,14 +152,21 @@ def sequence_of(spec: str, anchor_us: int) -> SlotSequence | None:
                 month_of_year=fields["month_of_year"],
                 day_of_week=fields["day_of_week"],
             )
+        elif kind == "solar":
+            schedule = solar(fields["event"], fields["lat"], fields["lon"])
+        elif kind == "at":
+            schedule = At(us_to_datetime(int(fields["at_us"])))
+        else:
+            return None
+        bounds = fields.get("bounds")
+        if bounds is None:
             return sequence_for(schedule, anchor_us, zone)
-        if kind == "solar":
-            return sequence_for(
-                solar(fields["event"], fields["lat"], fields["lon"]), anchor_us, _utc()
-            )
+        unknown = set(bounds) - set(_BOUND_KEYS)
+        if unknown:  # a bound of a newer release: better no answer than a wrong one
+            return None
+        return bounded_sequence(schedule, anchor_us, zone, Bounds(**bounds))
     except (ValueError, KeyError, TypeError, LookupError, ScheduleError):
         return None
-    return None
 
 
 def _utc() -> tzinfo:

@@ -8,6 +8,8 @@ alone, because the database decides the winner of a slot by its key:
 * intervals (``timedelta``, ``celery.schedules.schedule``): ``anchor + k * period``
   for k >= 1, where the anchor is stored once in the database when the entry is
   first seen, so restarts and failovers never reset the countdown.
+* a schedule with a ``slot_sequence(anchor_us, tz)`` method: what it returns
+  (:class:`HasSlotSequence`; a stored entry's bounds, :mod:`.slot_bounds`).
 * anything else (``solar``, custom schedules): the schedule's own
   ``remaining_estimate`` evaluated *as of* the previous slot, rounded to the
   second, which is deterministic for schedules that only depend on that instant.
@@ -153,8 +155,32 @@ def period_of(schedule: object) -> timedelta | None:
     return None
 
 
+class HasSlotSequence(Protocol):
+    """A schedule that says its slots itself: :func:`sequence_for` asks it first.
+
+    Duck-typed, so that a schedule defined above the slot maths (a stored
+    entry's bounded, jittered or limited schedule, ``schedules/runs.py``; one
+    run at an instant, ``slot_bounds.At``) reaches the engine, which calls
+    :func:`sequence_for` for every entry, without the engine knowing of it.
+    ``slot_sequence(anchor_us, tz)`` gets what :func:`sequence_for` got (the
+    entry's stored interval anchor and its time zone) and must be as
+    deterministic as every sequence here: the same on every replica.
+    """
+
+    def slot_sequence(self, anchor_us: int, tz: tzinfo) -> SlotSequence:
+        """The schedule's slots, given the entry's anchor and time zone."""
+
+
 def sequence_for(schedule: object, anchor_us: int, tz: tzinfo) -> SlotSequence:
-    """The slot sequence of a schedule; ``anchor_us`` is used by intervals only."""
+    """The slot sequence of a schedule; ``anchor_us`` is used by intervals only.
+
+    A schedule with a ``slot_sequence(anchor_us, tz)`` method
+    (:class:`HasSlotSequence`) gives its own.
+    """
+    own = getattr(schedule, "slot_sequence", None)
+    if own is not None:
+        sequence: SlotSequence = own(anchor_us, tz)
+        return sequence
     period = period_of(schedule)
     if period is not None:
         period_us = int(period / timedelta(microseconds=1))

@@ -45,8 +45,8 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .exceptions import ConfigurationError, ScheduleError
+from .limits import MAX_ENTRY_NAME
 from .slots import MissedPolicy, sequence_for
-from .store.schema import MAX_ENTRY_NAME
 
 
 class EntryDefinition(NamedTuple):

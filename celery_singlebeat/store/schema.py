@@ -21,14 +21,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
+# the longest entry name a slot key can hold (InnoDB's key length bounds it);
+# a leaf, because the stored schedules refuse longer names without a store
+from ..limits import MAX_ENTRY_NAME as MAX_ENTRY_NAME
+
 #: Bump when the tables change incompatibly; a release refuses a newer schema
 #: than its own. Added tables and indexes do not bump it (``prepare`` creates
 #: what is missing), so replicas of two releases can share a database while a
 #: deployment rolls.
 SCHEMA_VERSION = 1
-
-#: Longest entry name a slot key can hold (InnoDB's key length bounds it).
-MAX_ENTRY_NAME = 255
 
 _Name = String(MAX_ENTRY_NAME).with_variant(
     mysql.VARCHAR(MAX_ENTRY_NAME, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"

@@ -1,0 +1,47 @@
+"""Schedules stored in the database and edited at run time: the model.
+
+A stored entry is a value (:class:`StoredEntry`), checked whole when it is
+made (:func:`stored_entry`, :func:`with_changes`; a wrong field raises
+:class:`~celery_singlebeat.exceptions.InvalidEntry` naming the entry and the
+field). Modules, one concept each:
+
+* ``kinds.py``: the kinds of schedule (interval, crontab, solar, one run at an
+  instant), checked, and their data form;
+* ``definition.py``: :class:`StoredEntry` and its validation;
+* ``spec.py``: the entry as the store's columns and as a document (files,
+  ``--json``);
+* ``runs.py``: the entry as the engine's definition (:func:`definition_of`)
+  and its next runs (:func:`next_runs`).
+
+Nothing here touches a store or the engine.
+"""
+
+from __future__ import annotations
+
+from ..slot_bounds import At
+from .definition import StoredEntry, stored_entry, with_changes
+from .runs import StoredSchedule, definition_of, next_runs
+from .spec import (
+    entry_from_document,
+    entry_from_fields,
+    entry_to_document,
+    entry_to_fields,
+    schedule_from_data,
+    schedule_to_data,
+)
+
+__all__ = [
+    "At",
+    "StoredEntry",
+    "StoredSchedule",
+    "definition_of",
+    "entry_from_document",
+    "entry_from_fields",
+    "entry_to_document",
+    "entry_to_fields",
+    "next_runs",
+    "schedule_from_data",
+    "schedule_to_data",
+    "stored_entry",
+    "with_changes",
+]

@@ -1,0 +1,637 @@
+"""A stored schedule entry as a value: :class:`StoredEntry`, and its validation.
+
+:func:`stored_entry` is the one way in, for users, the ``Schedules`` API, the
+CLI, import files and rows read back from the database: it normalises every
+field (a schedule to its canonical object, arguments to what JSON gives back,
+instants to UTC) and checks them, so that an entry that exists is one the
+replicas can run and the store can keep. A refused entry raises
+:class:`~celery_singlebeat.exceptions.InvalidEntry` listing *every* wrong
+field of that entry at once (a person fixing a file fixes them in one go),
+each named as the ``StoredEntry`` field it is, dotted for a part of one
+(``crontab.hour``, ``options.priority``, ``schedule.tz``).
+
+Pure: no store, no engine; the process clock only where a check needs "now"
+(the jitter's bound, for a crontab or solar schedule), and passable.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery.schedules import crontab
+
+from ..clock import US, datetime_to_us
+from ..config import parse_missed_policy, setting_default
+from ..exceptions import ConfigurationError, InvalidEntry
+from ..limits import MAX_ENTRY_NAME
+from ..slot_bounds import At
+from ..slots import MISSED_MODES, MissedPolicy, period_of, sequence_for
+from .kinds import make_schedule, own_zone, parse_instant, schedule_to_data
+
+#: the longest task name, in characters (the catalog's ``task`` column)
+MAX_TASK = 255
+#: the longest description, in characters
+MAX_DESCRIPTION = 1000
+#: the longest ``managed_by`` (an import file's name), in characters
+MAX_MANAGED_BY = 255
+#: ``args`` and ``kwargs`` together, as compact JSON, in UTF-8 bytes at most:
+#: each replica keeps every entry's arguments, and each run sends them
+MAX_ARGUMENTS_BYTES = 64 * 1024
+#: ``options.headers`` as compact JSON, in UTF-8 bytes at most
+MAX_HEADERS_BYTES = 16 * 1024
+#: how many of a crontab's or solar schedule's next runs the jitter is checked
+#: against (its shortest gap among them bounds the jitter)
+JITTER_CHECKED_RUNS = 1000
+
+#: the ``apply_async`` options Celery's beat passes, and so a stored entry keeps
+OPTION_NAMES = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
+
+#: the missed-run policy of ``singlebeat_missed_*``'s built-in defaults: what an
+#: entry's override leaves unsaid takes these (an entry is stored apart from
+#: any app, so not the app's settings)
+BUILTIN_POLICY = MissedPolicy(
+    mode=setting_default("singlebeat_missed_policy"),
+    grace_us=int(setting_default("singlebeat_missed_grace") * US),
+    max_missed=setting_default("singlebeat_missed_max"),
+)
+
+#: the keys of the document form of a missed-run policy, and of
+#: ``singlebeat_missed_*`` (a beat_schedule entry's options) without the prefix
+_POLICY_KEYS = {"policy": "missed_policy", "grace": "missed_grace", "max": "missed_max"}
+
+#: the store-kept fields, read only: None or "" until the entry is saved
+STORE_FIELDS = ("revision", "created", "updated", "created_by", "updated_by")
+
+
+def compact_json(value: Any) -> str:
+    """The one text of a JSON value: compact, sorted keys, non-ASCII kept (so an
+    unchanged entry encodes to the same text and the store can compare)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One schedule entry kept in the database: what to send, and when.
+
+    Build one with :func:`stored_entry` (which checks it), change one with
+    :func:`with_changes`. Two entries are equal when every field is, the
+    schedule compared by its data form (so a crontab's own time zone counts,
+    which Celery's ``crontab.__eq__`` ignores). Treat the mappings as frozen.
+    """
+
+    #: unique; 1 to 255 bytes of UTF-8, no control characters
+    name: str
+    #: the Celery task's registered name: 1 to 255 characters, no whitespace
+    task: str
+    #: ``celery.schedules.crontab`` (its own zone or none: the app's),
+    #: ``celery.schedules.schedule`` (an interval, >= 1 ms), ``solar``, or
+    #: :class:`~celery_singlebeat.slot_bounds.At` (one run)
+    schedule: object
+    #: positional arguments, as JSON gives them back (lists inside)
+    args: tuple[Any, ...] = ()
+    #: keyword arguments, as JSON gives them back; args and kwargs together at
+    #: most ``MAX_ARGUMENTS_BYTES`` of compact JSON
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: ``apply_async`` options: ``queue``, ``exchange``, ``routing_key`` (str),
+    #: ``priority`` (0-255), ``expires`` (seconds > 0), ``headers`` (a JSON
+    #: object of at most ``MAX_HEADERS_BYTES``)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    #: a disabled entry is kept but not run (no replica is given it)
+    enabled: bool = True
+    #: no run before this instant (UTC); an interval with a start runs at it,
+    #: then every period after it
+    start: datetime | None = None
+    #: no run after this instant (UTC); after ``start``
+    end: datetime | None = None
+    #: at most this many runs (>= 1), counted from ``start``, else from ``created``
+    max_runs: int | None = None
+    #: this entry's missed-run policy; None: the app's ``singlebeat_missed_*``
+    missed: MissedPolicy | None = None
+    #: each run moved later by up to this (0 or more, less than the shortest
+    #: gap between two runs), the same on every replica
+    jitter: timedelta = timedelta(0)
+    #: free text for people, at most ``MAX_DESCRIPTION`` characters
+    description: str = ""
+    #: the import file that manages the entry (set by the import); None for one
+    #: made by hand, which an import's prune never removes
+    managed_by: str | None = None
+    #: the store's revision of this version (commit-ordered); None before saving
+    revision: int | None = None
+    #: when the entry was first written (the database's clock)
+    created: datetime | None = None
+    #: when this version was written (the database's clock); its definition is
+    #: in force from then on
+    updated: datetime | None = None
+    #: who created it ("" before saving)
+    created_by: str = ""
+    #: who wrote this version ("" before saving)
+    updated_by: str = ""
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(
+            schedule_to_data(self.schedule) if f.name == "schedule" else getattr(self, f.name)
+            for f in fields(self)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredEntry):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # holds dicts: not hashable
+
+    @property
+    def saved(self) -> bool:
+        """Whether the store has written this version (it has a revision)."""
+        return self.revision is not None
+
+
+class _Problems:
+    """The problems found in one entry, in the order of its fields."""
+
+    def __init__(self, entry: str) -> None:
+        self.entry = entry
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, field_name: str, reason: str) -> None:
+        self.found.append((field_name, reason))
+
+    def take(self, error: InvalidEntry) -> None:
+        self.found.extend(error.problems)
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise InvalidEntry(self.entry, *self.found[0], *self.found[1:])
+
+
+# -- field checks ----------------------------------------------------------------
+
+
+def _json_problem(value: Any, path: str) -> str | None:
+    """Why ``value`` is no JSON value (naming where in it), or None."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return (
+            None
+            if value == value and value not in (float("inf"), float("-inf"))
+            else (f"{path} is {value!r}, which JSON cannot hold")
+        )
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _json_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has the key {key!r}: JSON object keys are strings"
+            problem = _json_problem(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__}, not JSON (use a string, number, list or object)"
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as JSON gives it back (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _size(value: Any) -> int:
+    return len(compact_json(value).encode("utf-8"))
+
+
+def _check_name(problems: _Problems, name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        problems.add("name", f"{name!r} is not a non-empty string")
+    elif len(name.encode("utf-8")) > MAX_ENTRY_NAME:
+        problems.add("name", f"is {len(name.encode())} bytes long; at most {MAX_ENTRY_NAME}")
+    elif any(unicodedata.category(c) == "Cc" for c in name):
+        problems.add("name", "has a control character (a newline, a tab)")
+
+
+def _check_task(problems: _Problems, task: Any) -> None:
+    if not isinstance(task, str) or not task:
+        problems.add("task", f"{task!r} is not a task name")
+    elif len(task) > MAX_TASK:
+        problems.add("task", f"is {len(task)} characters long; at most {MAX_TASK}")
+    elif any(c.isspace() for c in task):
+        problems.add("task", f"{task!r} has whitespace; a task name has none")
+
+
+def _arguments(
+    problems: _Problems, args: Any, kwargs: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    good_args: tuple[Any, ...] = ()
+    good_kwargs: dict[str, Any] = {}
+    if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, Iterable):
+        problems.add("args", f"{args!r} is not a list of arguments")
+        args_ok = False
+    else:
+        listed = list(args)
+        problem = _json_problem(listed, "args")
+        if problem:
+            problems.add("args", problem)
+        args_ok = problem is None
+        if args_ok:
+            good_args = tuple(_as_json(listed))
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        problems.add("kwargs", f"{kwargs!r} is not a mapping of keyword arguments")
+        kwargs_ok = False
+    else:
+        problem = _json_problem(kwargs, "kwargs")
+        if problem:
+            problems.add("kwargs", problem)
+        kwargs_ok = problem is None
+        if kwargs_ok:
+            good_kwargs = _as_json(dict(kwargs))
+    if args_ok and kwargs_ok:
+        sizes = _size(list(good_args)), _size(good_kwargs)
+        if sum(sizes) > MAX_ARGUMENTS_BYTES:
+            problems.add(
+                "args" if sizes[0] >= sizes[1] else "kwargs",
+                f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
+                f"{MAX_ARGUMENTS_BYTES:,} together",
+            )
+    return good_args, good_kwargs
+
+
+def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked options: ``options`` merged with the ones given one by one."""
+    merged: dict[str, Any] = {}
+    if options is not None:
+        if not isinstance(options, Mapping):
+            problems.add("options", f"{options!r} is not a mapping of options")
+            options = {}
+        merged.update(options)
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key in merged and merged[key] != value:
+            problems.add(f"options.{key}", f"given twice: {merged[key]!r} and {value!r}")
+        merged[key] = value
+    checked: dict[str, Any] = {}
+    for key, value in merged.items():
+        where = f"options.{key}"
+        if key not in OPTION_NAMES:
+            problems.add(
+                where if isinstance(key, str) else "options",
+                f"unknown option {key!r}; expected {', '.join(OPTION_NAMES)}",
+            )
+        elif key in ("queue", "exchange", "routing_key"):
+            if not isinstance(value, str) or not value or len(value) > 255:
+                problems.add(where, f"{value!r} is not a name (1 to 255 characters)")
+            else:
+                checked[key] = value
+        elif key == "priority":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+                problems.add(where, f"{value!r} is not an integer from 0 to 255")
+            else:
+                checked[key] = value
+        elif key == "expires":
+            seconds = value.total_seconds() if isinstance(value, timedelta) else value
+            if (
+                not isinstance(seconds, (int, float))
+                or isinstance(seconds, bool)
+                or not 0 < seconds < float("inf")
+            ):
+                problems.add(where, f"{value!r} is not a number of seconds > 0")
+            else:
+                checked[key] = seconds
+        elif key == "headers":
+            problem = (
+                f"{value!r} is not a mapping"
+                if not isinstance(value, Mapping)
+                else _json_problem(value, "headers")
+            )
+            if problem:
+                problems.add(where, problem)
+            elif _size(value) > MAX_HEADERS_BYTES:
+                problems.add(
+                    where, f"takes {_size(value):,} bytes as JSON; at most {MAX_HEADERS_BYTES:,}"
+                )
+            else:
+                checked[key] = _as_json(dict(value))
+    return checked
+
+
+def _instant(problems: _Problems, name: str, value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = parse_instant(value)
+        except ValueError:
+            problems.add(name, f"{value!r} is not an ISO 8601 instant with a UTC offset")
+            return None
+    if not isinstance(value, datetime):
+        problems.add(name, f"{value!r} is not an instant")
+        return None
+    if value.tzinfo is None or value.utcoffset() is None:
+        problems.add(name, f"{value.isoformat()} is naive; give its UTC offset or time zone")
+        return None
+    return value.astimezone(timezone.utc)
+
+
+def parse_missed(value: Any) -> MissedPolicy | None:
+    """A missed-run policy override from any accepted form (ValueError naming
+    the part that is wrong, as ``policy``, ``grace`` or ``max``).
+
+    Accepted: None (the app's); a :class:`~celery_singlebeat.slots.MissedPolicy`;
+    a mode (``"skip"``); a mapping of the document form (``policy``,
+    ``grace`` in seconds or a timedelta, ``max``) or of a beat_schedule
+    entry's options (``singlebeat_missed_policy``, ``_grace``, ``_max``).
+    What it leaves unsaid takes the built-in defaults (:data:`BUILTIN_POLICY`).
+    """
+    if value is None:
+        return None
+    if isinstance(value, MissedPolicy):
+        if value.mode not in MISSED_MODES:
+            raise ValueError(f"policy: {value.mode!r}: expected one of {', '.join(MISSED_MODES)}")
+        if value.grace_us <= 0:
+            raise ValueError(f"grace: {value.grace_us} us: must be positive")
+        if value.max_missed < 1:
+            raise ValueError(f"max: {value.max_missed}: expected an integer >= 1")
+        return value
+    if isinstance(value, str):
+        value = {"policy": value}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a missed-run policy")
+    keys = set(value)
+    prefixed = {k for k in keys if isinstance(k, str) and k.startswith("singlebeat_")}
+    if prefixed:
+        prefix, allowed = "singlebeat_", {f"singlebeat_{v}" for v in _POLICY_KEYS.values()}
+        options = dict(value)
+    else:
+        prefix, allowed = "", set(_POLICY_KEYS)
+        options = {_POLICY_KEYS[k]: v for k, v in value.items() if k in _POLICY_KEYS}
+    unknown = sorted(str(k) for k in keys - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}"
+        )
+    try:
+        return parse_missed_policy(prefix, options, BUILTIN_POLICY)
+    except ConfigurationError as exc:
+        text = str(exc)
+        for part, key in _POLICY_KEYS.items():
+            if text.startswith(f"{prefix}{key}="):
+                raise ValueError(f"{part}: {text[len(prefix) + len(key) + 1 :]}") from None
+        raise ValueError(text) from None
+
+
+def policy_to_data(policy: MissedPolicy) -> dict[str, Any]:
+    """The document form of a policy: ``{"policy", "grace" (seconds), "max"}``."""
+    return {"policy": policy.mode, "grace": policy.grace_us / US, "max": policy.max_missed}
+
+
+def _jitter(problems: _Problems, value: Any) -> timedelta | None:
+    if isinstance(value, timedelta):
+        jitter = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+        try:
+            jitter = timedelta(seconds=value)
+        except OverflowError:
+            problems.add("jitter", f"{value!r} is not a usable number of seconds")
+            return None
+    else:
+        problems.add("jitter", f"{value!r} is not a timedelta or a number of seconds")
+        return None
+    if jitter < timedelta(0):
+        problems.add("jitter", f"{jitter.total_seconds():g} s: must be 0 or more")
+        return None
+    return jitter
+
+
+def shortest_gap_us(schedule: object, now_us: int, runs: int = JITTER_CHECKED_RUNS) -> int | None:
+    """The shortest gap between two runs of ``schedule``: an interval's period;
+    for a crontab or solar schedule, the shortest among its next ``runs`` runs
+    after ``now_us`` (a crontab in its own zone, else in UTC); None for one run
+    (no gap)."""
+    if isinstance(schedule, At):
+        return None
+    period = period_of(schedule)
+    if period is not None:
+        return period // timedelta(microseconds=1)
+    tz = (own_zone(schedule) if isinstance(schedule, crontab) else None) or timezone.utc
+    sequence = sequence_for(schedule, now_us, tz)
+    shortest: int | None = None
+    at = sequence.next_after(now_us)
+    for _ in range(runs):
+        if at is None:
+            break
+        following = sequence.next_after(at)
+        if following is None:
+            break
+        gap = following - at
+        shortest = gap if shortest is None else min(shortest, gap)
+        at = following
+    return shortest
+
+
+def _text(problems: _Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
+    if not isinstance(value, str) or (not empty and not value):
+        problems.add(name, f"{value!r} is not {'a' if empty else 'a non-empty'} string")
+        return None
+    if len(value) > limit:
+        problems.add(name, f"is {len(value):,} characters long; at most {limit:,}")
+        return None
+    return value
+
+
+# -- the constructor -------------------------------------------------------------
+
+
+def stored_entry(
+    name: str,
+    task: str,
+    schedule: Any,
+    *,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+    priority: int | None = None,
+    expires: float | timedelta | None = None,
+    headers: Mapping[str, Any] | None = None,
+    enabled: bool = True,
+    start: datetime | str | None = None,
+    end: datetime | str | None = None,
+    max_runs: int | None = None,
+    missed: MissedPolicy | Mapping[str, Any] | str | None = None,
+    jitter: timedelta | float = timedelta(0),
+    description: str = "",
+    managed_by: str | None = None,
+    now: datetime | None = None,
+    check_jitter: bool = True,
+) -> StoredEntry:
+    """A checked, normalised :class:`StoredEntry`, or
+    :class:`~celery_singlebeat.exceptions.InvalidEntry` listing every wrong
+    field of it.
+
+    ``schedule``: anything :func:`celery_singlebeat.schedules.kinds.make_schedule`
+    accepts (Celery's ``crontab``, ``schedule``, ``solar``; a ``timedelta`` or
+    seconds; an aware ``datetime``; the data form ``{"every": 30}``,
+    ``{"crontab": "*/5 * * * *", "tz": "Europe/Paris"}``, ...). ``options``
+    and the options given one by one (``queue=``, ``priority=``, ...) are
+    merged; one given both ways with two values is an error. ``start``/``end``:
+    aware datetimes or ISO 8601 text. ``missed``: see :func:`parse_missed`.
+    ``jitter``: a timedelta or seconds, below the shortest gap between two runs
+    (checked against the next ``JITTER_CHECKED_RUNS`` runs after ``now``, the
+    process's clock unless given; ``check_jitter=False`` skips that walk for
+    an entry read back from the store, which checked it when it was written).
+
+    The store-kept fields (``revision``, ``created``, ...) are left unset: the
+    store fills them (``schedules.spec.entry_from_fields``).
+    """
+    problems = _Problems(name if isinstance(name, str) else repr(name))
+    _check_name(problems, name)
+    _check_task(problems, task)
+    canonical: object | None = None
+    try:
+        canonical = make_schedule(problems.entry, schedule)
+    except InvalidEntry as exc:
+        problems.take(exc)
+    good_args, good_kwargs = _arguments(problems, args, kwargs)
+    good_options = _options(
+        problems,
+        options,
+        {
+            "queue": queue,
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "priority": priority,
+            "expires": expires,
+            "headers": headers,
+        },
+    )
+    if not isinstance(enabled, bool):
+        problems.add("enabled", f"{enabled!r} is not True or False")
+    good_start = _instant(problems, "start", start)
+    good_end = _instant(problems, "end", end)
+    if good_start is not None and good_end is not None and good_end <= good_start:
+        problems.add("end", f"{good_end.isoformat()} is not after start {good_start.isoformat()}")
+    if max_runs is not None and (
+        not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1
+    ):
+        problems.add("max_runs", f"{max_runs!r} is not an integer >= 1")
+    policy: MissedPolicy | None = None
+    try:
+        policy = parse_missed(missed)
+    except ValueError as exc:
+        text = str(exc)
+        part, _, rest = text.partition(": ")
+        if part in _POLICY_KEYS and rest:
+            problems.add(f"missed.{part}", rest)
+        else:
+            problems.add("missed", text)
+    good_jitter = _jitter(problems, jitter)
+    if good_jitter and canonical is not None and check_jitter:
+        now_us = (
+            datetime_to_us(now) if now is not None else datetime_to_us(datetime.now(timezone.utc))
+        )
+        gap = shortest_gap_us(canonical, now_us)
+        jitter_us = good_jitter // timedelta(microseconds=1)
+        if gap is not None and jitter_us >= gap:
+            problems.add(
+                "jitter",
+                f"{jitter_us / US:g} s is not shorter than the shortest gap between two "
+                f"runs ({gap / US:g} s)",
+            )
+    good_description = _text(problems, "description", description, MAX_DESCRIPTION, empty=True)
+    if managed_by is not None:
+        _text(problems, "managed_by", managed_by, MAX_MANAGED_BY, empty=False)
+    problems.raise_any()
+    assert canonical is not None and good_jitter is not None and good_description is not None
+    return StoredEntry(
+        name=name,
+        task=task,
+        schedule=canonical,
+        args=good_args,
+        kwargs=good_kwargs,
+        options=good_options,
+        enabled=enabled,
+        start=good_start,
+        end=good_end,
+        max_runs=max_runs,
+        missed=policy,
+        jitter=good_jitter,
+        description=good_description,
+        managed_by=managed_by,
+    )
+
+
+def with_changes(entry: StoredEntry, **changes: Any) -> StoredEntry:
+    """``entry`` with some fields changed, checked whole (InvalidEntry as
+    :func:`stored_entry`); the store-kept fields are kept as they are.
+
+    Takes :func:`stored_entry`'s keywords. An option given one by one
+    (``queue=``, ``priority=``, ...) changes that option alone, and None
+    removes it; ``options=`` replaces them all. Renaming is not an edit
+    (``name=`` is refused): a rename is a delete and an add.
+    """
+    read_only = sorted(set(changes) & {"name", *STORE_FIELDS})
+    if read_only:
+        raise TypeError(f"with_changes cannot change {', '.join(read_only)}")
+    options = dict(changes.pop("options", entry.options))
+    for key in OPTION_NAMES:
+        if key in changes:
+            value = changes.pop(key)
+            if value is None:
+                options.pop(key, None)
+            else:
+                options[key] = value
+    current: dict[str, Any] = {
+        "args": entry.args,
+        "kwargs": entry.kwargs,
+        "enabled": entry.enabled,
+        "start": entry.start,
+        "end": entry.end,
+        "max_runs": entry.max_runs,
+        "missed": entry.missed,
+        "jitter": entry.jitter,
+        "description": entry.description,
+        "managed_by": entry.managed_by,
+    }
+    current.update(changes)
+    task = current.pop("task", entry.task)
+    schedule = current.pop("schedule", entry.schedule)
+    changed = stored_entry(entry.name, task, schedule, options=options, **current)
+    return _with_store_fields(changed, entry)
+
+
+def _with_store_fields(entry: StoredEntry, source: StoredEntry) -> StoredEntry:
+    from dataclasses import replace
+
+    return replace(entry, **{name: getattr(source, name) for name in STORE_FIELDS})
+
+
+__all__ = [
+    "BUILTIN_POLICY",
+    "JITTER_CHECKED_RUNS",
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_DESCRIPTION",
+    "MAX_HEADERS_BYTES",
+    "MAX_MANAGED_BY",
+    "MAX_TASK",
+    "OPTION_NAMES",
+    "STORE_FIELDS",
+    "StoredEntry",
+    "compact_json",
+    "parse_missed",
+    "policy_to_data",
+    "shortest_gap_us",
+    "stored_entry",
+    "with_changes",
+]

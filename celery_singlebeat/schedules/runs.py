@@ -1,0 +1,188 @@
+"""When a stored entry runs: its definition for the engine, and its next runs.
+
+:func:`definition_of` turns a :class:`~.definition.StoredEntry` into the
+:class:`~celery_singlebeat.sources.EntryDefinition` the engine tracks. Its
+``schedule`` is a :class:`StoredSchedule`, which gives the engine (through
+``slots.sequence_for``'s ``slot_sequence`` hook), the catalog (through
+``schedule_spec.spec_of``) and the fleet (through the spec) one sequence of
+instants: the entry's schedule within its start and end, its first
+``max_runs`` runs, each moved by its jitter (:mod:`celery_singlebeat.slot_bounds`).
+
+:func:`next_runs` computes the same instants for a person: of a stored entry,
+saved or not, or of a bare schedule (a ``beat_schedule`` entry's), so that
+what ``schedules show --next`` prints is what the replicas send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone, tzinfo
+from types import MappingProxyType
+from typing import Any
+
+from celery.schedules import crontab
+
+from ..clock import datetime_to_us, us_to_datetime
+from ..slot_bounds import At, BoundedSchedule, Bounds, bounded_sequence
+from ..slots import MissedPolicy, SlotSequence, sequence_for
+from ..sources import EntryDefinition
+from .definition import StoredEntry
+from .kinds import own_zone, schedule_from_data
+
+#: the source label of stored entries, in every message about one
+LABEL = "stored schedules"
+
+#: the options of an entry that has none: one shared mapping (a replica keeps
+#: every entry's definition)
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class StoredSchedule(BoundedSchedule):
+    """A stored entry's schedule as the engine runs it: the Celery schedule (or
+    :class:`~celery_singlebeat.slot_bounds.At`) and the entry's
+    :class:`~celery_singlebeat.slot_bounds.Bounds`.
+
+    ``slot_sequence(anchor_us, tz)`` gives its slots: an interval with a start
+    runs at the start and every period after it (else from the anchor the
+    store registered); start and end bound the runs; ``max_runs`` keeps the
+    first so many at or after the start, else after the entry's creation;
+    each run is moved later by the jitter, drawn from the entry's name.
+    """
+
+    def __repr__(self) -> str:
+        return f"StoredSchedule({self.inner!r}, {self.bounds!r})"
+
+
+def _us(value: datetime | None) -> int | None:
+    return None if value is None else datetime_to_us(value)
+
+
+def bounds_of(entry: StoredEntry, runs_from_us: int | None = None) -> Bounds:
+    """The bounds of an entry's runs. ``max_runs`` counts from its start, else
+    its creation, else ``runs_from_us`` (an entry not saved yet)."""
+    created = _us(entry.created)
+    return Bounds(
+        start_us=_us(entry.start),
+        end_us=_us(entry.end),
+        runs_from_us=created if created is not None else runs_from_us,
+        max_runs=entry.max_runs,
+        jitter_us=entry.jitter // timedelta(microseconds=1),
+        jitter_key=entry.name,
+    )
+
+
+def zone_of(entry: StoredEntry, default_tz: Any) -> Any:
+    """The time zone of an entry's runs: its crontab's own, else ``default_tz``."""
+    schedule = entry.schedule
+    own = own_zone(schedule) if isinstance(schedule, crontab) else None
+    return own or default_tz
+
+
+def definition_of(
+    entry: StoredEntry,
+    default_policy: MissedPolicy,
+    default_tz: Any,
+    *,
+    label: str = LABEL,
+) -> EntryDefinition:
+    """The definition the engine tracks for an enabled stored entry.
+
+    ``policy``: the entry's override, or ``default_policy`` itself when it has
+    none or an equal one (one object for 100,000 entries). ``tz``: the
+    crontab's own zone, else ``default_tz``. ``revision``: the store's, as
+    text. ``since_us``: when this version was written (the database's clock):
+    no slot at or before it is sent under it, so an edit never sends a burst
+    of past slots. A disabled entry is never given to the engine (its source
+    drops it), so this does not look at ``enabled``.
+    """
+    policy = entry.missed
+    if policy is None or policy == default_policy:
+        policy = default_policy
+    return EntryDefinition(
+        name=entry.name,
+        task=entry.task,
+        schedule=StoredSchedule(entry.schedule, bounds_of(entry)),
+        args=entry.args,
+        kwargs=entry.kwargs,
+        options=entry.options or _NO_OPTIONS,
+        policy=policy,
+        tz=zone_of(entry, default_tz),
+        revision="" if entry.revision is None else str(entry.revision),
+        source=label,
+        since_us=_us(entry.updated),
+    )
+
+
+def _bare(schedule: Any) -> Any:
+    if isinstance(schedule, datetime):
+        return At(schedule)
+    if isinstance(schedule, Mapping):
+        return schedule_from_data(schedule, "(not saved)")
+    return schedule
+
+
+def sequence_of_entry(
+    entry: StoredEntry, anchor_us: int, tz: tzinfo, runs_from_us: int | None = None
+) -> SlotSequence:
+    """The slots of a stored entry, as the engine computes them (with the
+    interval anchor ``anchor_us``, and ``tz`` for a crontab without its own)."""
+    zone = zone_of(entry, tz)
+    return bounded_sequence(entry.schedule, anchor_us, zone, bounds_of(entry, runs_from_us))
+
+
+def next_runs(
+    schedule_or_entry: Any,
+    n: int,
+    *,
+    now: datetime | None = None,
+    tz: tzinfo = timezone.utc,
+    anchor: datetime | None = None,
+) -> list[datetime]:
+    """The next ``n`` runs after ``now`` (aware, UTC; ``now`` defaults to the
+    process's clock), as the replicas compute them.
+
+    Of a :class:`~.definition.StoredEntry` (its start, end, ``max_runs`` and
+    jitter; none when disabled; ``max_runs`` of an entry not saved yet counts
+    from ``now``), or of a bare schedule: Celery's ``crontab``, ``schedule``,
+    ``solar``, a ``timedelta``, an aware ``datetime`` (one run), the data form.
+    ``tz`` is the zone of a crontab without its own (the app's). An interval
+    runs every period after ``anchor`` (the entry's registered anchor; default
+    ``now``): one not saved yet has none.
+    """
+    if n < 0:
+        raise ValueError(f"n={n}: must be 0 or more")
+    now_us = datetime_to_us(now if now is not None else datetime.now(timezone.utc))
+    anchor_us = now_us if anchor is None else datetime_to_us(anchor)
+    sequence: SlotSequence
+    if isinstance(schedule_or_entry, StoredEntry):
+        if not schedule_or_entry.enabled:
+            return []
+        sequence = sequence_of_entry(schedule_or_entry, anchor_us, tz, runs_from_us=now_us)
+    else:
+        schedule = _bare(schedule_or_entry)
+        zone = tz
+        if isinstance(schedule, crontab):
+            zone = own_zone(schedule) or tz
+        sequence = sequence_for(schedule, anchor_us, zone)
+    runs: list[datetime] = []
+    at: int | None = now_us
+    while len(runs) < n:
+        assert at is not None
+        at = sequence.next_after(at)
+        if at is None:
+            break
+        runs.append(us_to_datetime(at))
+    return runs
+
+
+__all__ = [
+    "LABEL",
+    "StoredSchedule",
+    "bounds_of",
+    "definition_of",
+    "next_runs",
+    "sequence_of_entry",
+    "zone_of",
+]
