@@ -22,8 +22,12 @@ if TYPE_CHECKING:
     from .exceptions import (
         ConfigurationError,
         ControlError,
+        InvalidEntry,
         LeaseLost,
+        ScheduleConflict,
         ScheduleError,
+        ScheduleExists,
+        ScheduleNotFound,
         SchemaError,
         SingleBeatError,
         SingletonBusy,
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
         StoreUnavailable,
     )
     from .scheduler import SingleBeatScheduler
+    from .schedules.api import Schedules
+    from .schedules.definition import StoredEntry, stored_entry
     from .schema_admin import create_schema
     from .singleton import Singleton, SingletonTask
 
@@ -39,14 +45,21 @@ if TYPE_CHECKING:
 _LAZY = {
     "ConfigurationError": ".exceptions",
     "ControlError": ".exceptions",
+    "InvalidEntry": ".exceptions",
     "LeaseLost": ".exceptions",
+    "ScheduleConflict": ".exceptions",
     "ScheduleError": ".exceptions",
+    "ScheduleExists": ".exceptions",
+    "ScheduleNotFound": ".exceptions",
     "SchemaError": ".exceptions",
     "SingleBeatError": ".exceptions",
     "SingletonBusy": ".exceptions",
     "SingletonKeyError": ".exceptions",
     "StoreUnavailable": ".exceptions",
     "SingleBeatScheduler": ".scheduler",
+    "Schedules": ".schedules.api",
+    "StoredEntry": ".schedules.definition",
+    "stored_entry": ".schedules.definition",
     "create_schema": ".schema_admin",
     "Singleton": ".singleton",
     "SingletonTask": ".singleton",
@@ -72,8 +85,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "ConfigurationError",
     "ControlError",
+    "InvalidEntry",
     "LeaseLost",
+    "ScheduleConflict",
     "ScheduleError",
+    "ScheduleExists",
+    "ScheduleNotFound",
+    "Schedules",
     "SchemaError",
     "SingleBeatError",
     "SingleBeatScheduler",
@@ -82,6 +100,8 @@ __all__ = [
     "SingletonKeyError",
     "SingletonTask",
     "StoreUnavailable",
+    "StoredEntry",
     "__version__",
     "create_schema",
+    "stored_entry",
 ]

@@ -63,8 +63,8 @@ from .slots import MissedPolicy
 from .sources import Change, ChangeKind, EntryDefinition, EntrySource
 from .store.base import (
     EARLY_TOLERANCE_US,
-    STALE_DEFINITION_US,
     PAUSE_ALL,
+    STALE_DEFINITION_US,
     Busy,
     CatalogEntry,
     Claim,
@@ -444,6 +444,11 @@ class MemoryStore(Store):
                     won.append(Claim(key.entry, key.slot_us, row.fence))
             return won
 
+    def _stored_live(self, entry: str) -> bool:
+        """An enabled stored entry (the SQL take_over's ``_stored``)."""
+        row = self._schedules.get(entry)
+        return row is not None and row.enabled and not row.deleted
+
     def _stale(self, entry: str, revision: int, now: int) -> bool:
         """As the SQL claim: a stored entry replaced more than a second ago."""
         if revision <= 0:
@@ -537,7 +542,11 @@ class MemoryStore(Store):
                     if row.state == 0
                     and row.lease_until_us < now
                     and not (self._pauses and self._paused(key.entry, now))
-                    and (row.fence > 0 or key.entry in self._catalog.get(owner, {}))
+                    and (
+                        row.fence > 0
+                        or key.entry in self._catalog.get(owner, {})
+                        or self._stored_live(key.entry)
+                    )
                 ),
                 key=lambda k: (k.slot_us, k.entry),
             )

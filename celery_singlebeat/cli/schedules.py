@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import output
-from .connect import store_of
+from .connect import Refused, store_of
 from .group import _app_of, singlebeat
 from .status import json_option
 
@@ -86,7 +86,7 @@ def _fields(
     description: str | None,
 ) -> dict[str, Any]:
     """The entry fields the options set (None: not given)."""
-    from ..schedules.spec import parse_instant
+    from ..schedules.kinds import parse_instant
 
     fields: dict[str, Any] = {}
     if args is not None:
@@ -101,7 +101,10 @@ def _fields(
         fields["jitter"] = timedelta(seconds=jitter)
     for key, value in (("start", start), ("end", end)):
         if value is not None:
-            fields[key] = parse_instant(value, key)
+            try:
+                fields[key] = parse_instant(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"--{key}") from None
     if description is not None:
         fields["description"] = description
     return fields
@@ -124,7 +127,10 @@ def definition_options(f: Any) -> Any:
             "--times", type=click.IntRange(min=1), default=None, metavar="N", help="At most N runs."
         ),
         click.option(
-            "--jitter", type=float, default=None, metavar="SECONDS",
+            "--jitter",
+            type=float,
+            default=None,
+            metavar="SECONDS",
             help="A fixed offset per slot, up to this long, the same on every replica.",
         ),
         click.option("--start", default=None, metavar="ISO-INSTANT", help="No run before."),
@@ -141,7 +147,11 @@ by_option = click.option(
     "--by", default=None, metavar="WHO", help="Who, as the history records (default: user@host)."
 )
 revision_option = click.option(
-    "--if-revision", "if_revision", type=int, default=None, metavar="R",
+    "--if-revision",
+    "if_revision",
+    type=int,
+    default=None,
+    metavar="R",
     help="Only if the entry is still at revision R (else exit 2, nothing changed).",
 )
 
@@ -156,13 +166,16 @@ def schedules_group() -> None:
 
 
 def _when(instant: datetime | None) -> str:
-    return "-" if instant is None else instant.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return (
+        "-" if instant is None else instant.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    )
 
 
 def _entry_json(entry: StoredEntry, runs: list[datetime] | None = None) -> dict[str, Any]:
-    from ..schedules.spec import entry_to_document
+    from ..schedules.spec import DOCUMENT_DEFAULTS, entry_to_document
 
-    doc: dict[str, Any] = {"name": entry.name, **entry_to_document(entry)}
+    # every key, defaults included: a script reads one shape whatever the entry
+    doc: dict[str, Any] = {"name": entry.name, **DOCUMENT_DEFAULTS, **entry_to_document(entry)}
     doc.update(
         revision=entry.revision,
         created=None if entry.created is None else entry.created.isoformat(),
@@ -226,12 +239,18 @@ def list_command(
 
 @schedules_group.command(name="show")
 @click.argument("name")
-@click.option("--next", "count", type=click.IntRange(min=0), default=5, metavar="N",
-              help="How many next runs to list.")
+@click.option(
+    "--next",
+    "count",
+    type=click.IntRange(min=0),
+    default=5,
+    metavar="N",
+    help="How many next runs to list.",
+)
 @definition_options
 @json_option
 @click.pass_context
-def show_command(ctx: click.Context, name: str, count: int, as_json: bool, **given: Any) -> None:
+def show_command(ctx: click.Context, /, name: str, count: int, as_json: bool, **given: Any) -> None:
     """One entry and its next N runs: stored, of the app's beat_schedule, or a
     definition not saved yet (pass its options: nothing is written)."""
     from ..exceptions import ScheduleNotFound
@@ -268,8 +287,12 @@ def _preview(name: str, given: dict[str, Any]) -> StoredEntry | None:
         raise click.UsageError("a preview needs --task and a schedule (--every, --crontab, --at)")
     from ..schedules.definition import stored_entry
 
-    fields = _fields(**{k: given[k] for k in ("args", "kwargs", "times", "jitter", "start",
-                                                "end", "description")})
+    fields = _fields(
+        **{
+            k: given[k]
+            for k in ("args", "kwargs", "times", "jitter", "start", "end", "description")
+        }
+    )
     return stored_entry(name, given["task"], schedule, queue=given["queue"], **fields)
 
 
@@ -290,13 +313,18 @@ def _show_static(
     # an interval's grid is the fleet's: its next slot is on it
     anchor = None
     status = {e.name: e for e in Fleet(schedules.store).status().entries}  # type: ignore[arg-type]
-    if name in status and status[name].next_slot_us is not None:
-        anchor = us_to_datetime(status[name].next_slot_us)
+    next_slot_us = status[name].next_slot_us if name in status else None
+    if next_slot_us is not None:
+        anchor = us_to_datetime(next_slot_us)
     runs = schedules.next_runs(entry.schedule, count, anchor=anchor)
     if as_json:
         output.emit_json(
-            {"name": name, "task": entry.task, "source": "beat_schedule",
-             "next_runs": [r.isoformat() for r in runs]}
+            {
+                "name": name,
+                "task": entry.task,
+                "source": "beat_schedule",
+                "next_runs": [r.isoformat() for r in runs],
+            }
         )
         return
     click.echo(f"name    {name}\ntask    {entry.task}\nsource  beat_schedule (edit it in code)")
@@ -320,8 +348,12 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
             {
                 "changes": [
                     {
-                        "revision": r.revision, "name": r.name, "action": r.action,
-                        "by": r.by, "why": r.why, "at": output.iso(r.at_us),
+                        "revision": r.revision,
+                        "name": r.name,
+                        "action": r.action,
+                        "by": r.by,
+                        "why": r.why,
+                        "at": output.iso(r.at_us),
                         "changes": json.loads(r.changes or "{}"),
                     }
                     for r in rows
@@ -333,8 +365,10 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
         click.echo("no changes recorded")
         return
     for r in rows:
-        click.echo(f"r{r.revision}  {output.slot_text(r.at_us)}  {r.action} {r.name!r} by {r.by}"
-                   + (f": {r.why}" if r.why else ""))
+        click.echo(
+            f"r{r.revision}  {output.slot_text(r.at_us)}  {r.action} {r.name!r} by {r.by}"
+            + (f": {r.why}" if r.why else "")
+        )
         for field, (old, new) in sorted(json.loads(r.changes or "{}").items()):
             click.echo(f"    {field}: {json.dumps(old)} -> {json.dumps(new)}")
 
@@ -352,8 +386,15 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
 @json_option
 @click.pass_context
 def add_command(
-    ctx: click.Context, name: str, disabled: bool, replace: bool, why: str, by: str | None,
-    as_json: bool, **given: Any,
+    ctx: click.Context,
+    /,
+    name: str,
+    disabled: bool,
+    replace: bool,
+    why: str,
+    by: str | None,
+    as_json: bool,
+    **given: Any,
 ) -> None:
     """Store a new entry NAME: --task and one of --every, --crontab, --at."""
     if given["task"] is None:
@@ -364,10 +405,15 @@ def add_command(
     from ..schedules.definition import stored_entry
 
     with schedules_of(ctx, by) as schedules:
-        fields = _fields(**{k: given[k] for k in ("args", "kwargs", "times", "jitter", "start",
-                                                    "end", "description")})
-        entry = stored_entry(name, given["task"], schedule, queue=given["queue"],
-                             enabled=not disabled, **fields)
+        fields = _fields(
+            **{
+                k: given[k]
+                for k in ("args", "kwargs", "times", "jitter", "start", "end", "description")
+            }
+        )
+        entry = stored_entry(
+            name, given["task"], schedule, queue=given["queue"], enabled=not disabled, **fields
+        )
         saved = schedules.upsert(entry, if_exists="replace" if replace else "error", why=why)
     _report(saved, "stored", as_json)
 
@@ -381,12 +427,22 @@ def add_command(
 @json_option
 @click.pass_context
 def edit_command(
-    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None,
-    as_json: bool, **given: Any,
+    ctx: click.Context,
+    /,
+    name: str,
+    if_revision: int | None,
+    why: str,
+    by: str | None,
+    as_json: bool,
+    **given: Any,
 ) -> None:
     """Change the fields the options give; the others stay."""
-    fields = _fields(**{k: given[k] for k in ("args", "kwargs", "times", "jitter", "start",
-                                                "end", "description")})
+    fields = _fields(
+        **{
+            k: given[k]
+            for k in ("args", "kwargs", "times", "jitter", "start", "end", "description")
+        }
+    )
     schedule = _schedule_of(given["every"], given["cron"], given["tz"], given["at"])
     if schedule is not None:
         fields["schedule"] = schedule
@@ -401,8 +457,15 @@ def edit_command(
     _report(saved, "changed", as_json)
 
 
-def _toggle(ctx: click.Context, name: str, on: bool, if_revision: int | None, why: str,
-            by: str | None, as_json: bool) -> None:
+def _toggle(
+    ctx: click.Context,
+    name: str,
+    on: bool,
+    if_revision: int | None,
+    why: str,
+    by: str | None,
+    as_json: bool,
+) -> None:
     with schedules_of(ctx, by) as schedules:
         saved = (schedules.enable if on else schedules.disable)(
             name, if_revision=if_revision, why=why
@@ -417,8 +480,9 @@ def _toggle(ctx: click.Context, name: str, on: bool, if_revision: int | None, wh
 @by_option
 @json_option
 @click.pass_context
-def enable_command(ctx: click.Context, name: str, if_revision: int | None, why: str,
-                   by: str | None, as_json: bool) -> None:
+def enable_command(
+    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
+) -> None:
     """Send NAME again from its next run (the disabled span is not caught up)."""
     _toggle(ctx, name, True, if_revision, why, by, as_json)
 
@@ -430,8 +494,9 @@ def enable_command(ctx: click.Context, name: str, if_revision: int | None, why: 
 @by_option
 @json_option
 @click.pass_context
-def disable_command(ctx: click.Context, name: str, if_revision: int | None, why: str,
-                    by: str | None, as_json: bool) -> None:
+def disable_command(
+    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
+) -> None:
     """Stop sending NAME from the replicas' next tick; it stays stored."""
     _toggle(ctx, name, False, if_revision, why, by, as_json)
 
@@ -443,8 +508,9 @@ def disable_command(ctx: click.Context, name: str, if_revision: int | None, why:
 @by_option
 @json_option
 @click.pass_context
-def rm_command(ctx: click.Context, name: str, if_revision: int | None, why: str,
-               by: str | None, as_json: bool) -> None:
+def rm_command(
+    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
+) -> None:
     """Remove NAME (its history stays)."""
     with schedules_of(ctx, by) as schedules:
         schedules.delete(name, if_revision=if_revision, why=why)
@@ -485,22 +551,39 @@ def export_command(ctx: click.Context, file: str, managed_by: str | None) -> Non
 
 @schedules_group.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--prune", is_flag=True,
-              help="Remove the stored entries this file manages and no longer has.")
+@click.option(
+    "--prune", is_flag=True, help="Remove the stored entries this file manages and no longer has."
+)
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
-@click.option("--as", "label", default=None, metavar="LABEL",
-              help="The file's label in managed_by (default: its file name).")
+@click.option(
+    "--as",
+    "label",
+    default=None,
+    metavar="LABEL",
+    help="The file's label in managed_by (default: its file name).",
+)
 @why_option
 @by_option
 @click.pass_context
-def import_command(ctx: click.Context, file: str, prune: bool, dry_run: bool,
-                   label: str | None, why: str, by: str | None) -> None:
+def import_command(
+    ctx: click.Context,
+    file: str,
+    prune: bool,
+    dry_run: bool,
+    label: str | None,
+    why: str,
+    by: str | None,
+) -> None:
     """Make the stored entries what FILE says, in one transaction (all or
     nothing); --dry-run prints the plan as a diff."""
-    from ..schedules.files import describe, parse, plan
+    from ..schedules.files import FileError, describe, parse, plan
 
     label = label or Path(file).name
-    wanted = parse(Path(file).read_text(encoding="utf-8"), file, label)
+    try:
+        # read and checked whole before the database is opened
+        wanted = parse(Path(file).read_text(encoding="utf-8"), file, label)
+    except FileError as exc:
+        raise Refused(str(exc)) from None
     with schedules_of(ctx, by) as schedules:
         for entry in wanted:
             schedules.check_name(entry.name)

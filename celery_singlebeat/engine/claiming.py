@@ -18,9 +18,9 @@ from .. import decisions
 from ..clock import US
 from ..decisions import batch_fields, slot_fields, slot_text
 from ..exceptions import StoreUnavailable
+from ..schedules.source import LABEL as STORED
 from ..sharing import FALLBACK_BATCH, FALLBACK_DELAY_US, FIRST_BATCH
 from ..slots import Plan, plan_due, slot_task_id
-from ..schedules.source import LABEL as STORED
 from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey
 from .agenda import NOTHING_WON, Agenda, Tracked
 from .context import ReplicaContext

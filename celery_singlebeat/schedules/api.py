@@ -17,10 +17,11 @@ applies only if the entry is still at ``R`` and otherwise raises
 
 from __future__ import annotations
 
+import builtins
 import getpass
 import socket
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ..config import Settings
@@ -105,7 +106,9 @@ class Schedules:
             raise ScheduleNotFound(name)
         return entry_from_fields(row._asdict())
 
-    def list(self, *, enabled: bool | None = None, managed_by: str | None = None) -> list[StoredEntry]:
+    def list(
+        self, *, enabled: bool | None = None, managed_by: str | None = None
+    ) -> builtins.list[StoredEntry]:
         """Every stored entry, by name; only the enabled (or disabled) ones, or
         only those an import file manages, when asked."""
         rows, _ = self.store.schedule_rows()
@@ -116,7 +119,7 @@ class Schedules:
             entries = [e for e in entries if e.managed_by == managed_by]
         return entries
 
-    def log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
+    def log(self, name: str | None = None, limit: int = 100) -> builtins.list[ScheduleLogRow]:
         """The history of changes, newest first (of one entry, or of all)."""
         return self.store.schedule_log(name, limit)
 
@@ -127,13 +130,13 @@ class Schedules:
         *,
         now: datetime | None = None,
         anchor: datetime | None = None,
-    ) -> list[datetime]:
+    ) -> builtins.list[datetime]:
         """The next ``n`` instants (aware, UTC) the replicas would send: of a
         stored entry by name, of a definition not saved yet (a
         :class:`StoredEntry`), or of a bare schedule (a ``crontab``, a
         ``timedelta``...), as the engine computes them."""
         target = self.get(name_or_entry) if isinstance(name_or_entry, str) else name_or_entry
-        return _next_runs(target, n, now=now, tz=self.default_tz or "UTC", anchor=anchor)
+        return _next_runs(target, n, now=now, tz=self.default_tz or timezone.utc, anchor=anchor)
 
     # -- writing -----------------------------------------------------------------
 
@@ -240,7 +243,7 @@ class Schedules:
         why: str = "",
         by: str | None = None,
         connection: Any = None,
-    ) -> list[StoredEntry]:
+    ) -> builtins.list[StoredEntry]:
         """Several writes in one transaction, all or nothing (an import)."""
         for write in writes:
             if write.op != "delete":
@@ -267,11 +270,9 @@ class Schedules:
         return ScheduleWrite(op, entry.name, fields, None)
 
     def _write(
-        self, writes: list[ScheduleWrite], why: str, by: str | None, connection: Any
-    ) -> list[StoredEntry]:
-        rows = self.store.write_schedules(
-            writes, (by or self.by)[:120], why, connection=connection
-        )
+        self, writes: builtins.list[ScheduleWrite], why: str, by: str | None, connection: Any
+    ) -> builtins.list[StoredEntry]:
+        rows = self.store.write_schedules(writes, (by or self.by)[:120], why, connection=connection)
         return [entry_from_fields(r._asdict()) for r in rows if not r.deleted]
 
     def check_name(self, name: str) -> None:

@@ -92,10 +92,7 @@ def parse(text: str, path: str | Path, label: str) -> list[StoredEntry]:
     """The entries of a file's text, each managed by ``label``; a FileError
     listing every problem (each naming its entry and field) otherwise."""
     try:
-        if is_yaml(path):
-            document = _yaml().safe_load(text)
-        else:
-            document = json.loads(text)
+        document = _yaml().safe_load(text) if is_yaml(path) else json.loads(text)
     except Exception as exc:  # the parser's own message says where
         raise FileError(f"{path}: not valid {'YAML' if is_yaml(path) else 'JSON'}: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):

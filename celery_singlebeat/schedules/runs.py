@@ -51,6 +51,16 @@ class StoredSchedule(BoundedSchedule):
     each run is moved later by the jitter, drawn from the entry's name.
     """
 
+    #: an interval's grid without a start: the entry's creation on the
+    #: database's clock, the same on every replica and for ``next_runs``,
+    #: whenever a replica first saw the entry (None: the registered anchor)
+    anchor_us: int | None = None
+
+    def slot_sequence(self, anchor_us: int, tz: tzinfo) -> SlotSequence:
+        return bounded_sequence(
+            self.inner, anchor_us if self.anchor_us is None else self.anchor_us, tz, self.bounds
+        )
+
     def __repr__(self) -> str:
         return f"StoredSchedule({self.inner!r}, {self.bounds!r})"
 
@@ -103,7 +113,7 @@ def definition_of(
     return EntryDefinition(
         name=entry.name,
         task=entry.task,
-        schedule=StoredSchedule(entry.schedule, bounds_of(entry)),
+        schedule=StoredSchedule(entry.schedule, bounds_of(entry), _us(entry.created)),
         args=entry.args,
         kwargs=entry.kwargs,
         options=entry.options or _NO_OPTIONS,
@@ -129,7 +139,13 @@ def sequence_of_entry(
     """The slots of a stored entry, as the engine computes them (with the
     interval anchor ``anchor_us``, and ``tz`` for a crontab without its own)."""
     zone = zone_of(entry, tz)
-    return bounded_sequence(entry.schedule, anchor_us, zone, bounds_of(entry, runs_from_us))
+    created = _us(entry.created)
+    return bounded_sequence(
+        entry.schedule,
+        anchor_us if created is None else created,
+        zone,
+        bounds_of(entry, runs_from_us),
+    )
 
 
 def next_runs(

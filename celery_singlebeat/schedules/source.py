@@ -32,13 +32,10 @@ from ..slots import MissedPolicy
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleRow
-from .runs import definition_of
+from .runs import LABEL, definition_of
 from .spec import entry_from_fields
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
-
-#: how the entries of this source are named in messages
-LABEL = "stored schedules"
 
 
 class StoredSource(EntrySource):
@@ -69,7 +66,7 @@ class StoredSource(EntrySource):
         return (), 0
 
     def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
-        after = int(cursor or 0)
+        after = cursor if isinstance(cursor, int) else 0
         store = self._store()
         latest = store.schedule_revision
         if latest is None or latest <= after:

@@ -303,7 +303,8 @@ class Fleet:
         return {"now_us": now_us, "beats": LIVE_HEARTBEATS, "slack_us": LIVE_SLACK_US}
 
     def _check_known(self, conn: Connection, now_us: int, names: Sequence[str]) -> None:
-        """Refuse names no live replica's catalog lists, with close matches."""
+        """Refuse names no live replica's catalog lists and no stored entry has,
+        with close matches."""
         wanted = sorted(set(names))
         found = {
             str(row[0])

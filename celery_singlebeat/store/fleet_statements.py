@@ -248,7 +248,8 @@ class FleetDialect:
     pauses: str
     history: str
     history_entry: str
-    #: which of ``:names`` the catalog of a live replica lists
+    #: which of ``:names`` the catalog of a live replica lists, or the stored
+    #: schedules have (every replica that follows them has them)
     live_known: str
     #: every entry the catalog of a live replica lists (for close matches)
     live_names: str
@@ -288,6 +289,7 @@ class FleetDialect:
                 ("h", "catalogs"),
                 ("p", "pauses"),
                 ("q", "requests"),
+                ("d", "schedules"),
                 ("l", "locks"),
                 ("u", "runs"),
             )
@@ -334,7 +336,9 @@ POSTGRESQL = FleetDialect(
         SELECT DISTINCT c.entry FROM {{c}} c
         JOIN {_PG_NAMES} ON n.name = c.entry
         JOIN {{r}} r ON r.catalog = c.catalog
-        WHERE {_LIVE}""",
+        WHERE {_LIVE}
+        UNION
+        SELECT d.name FROM {{d}} d JOIN {_PG_NAMES} ON n.name = d.name WHERE d.deleted = 0""",
     pause_rows=f"""{_PAUSE_ROWS}
         WHERE p.entry = '*' OR p.entry IN (SELECT n.name FROM {_PG_NAMES})""",
     pause_upsert="""
@@ -361,7 +365,10 @@ MYSQL = FleetDialect(
         SELECT DISTINCT c.entry FROM {{c}} c
         JOIN {_MY_NAMES} ON n.name COLLATE utf8mb4_bin = c.entry
         JOIN {{r}} r ON r.catalog = c.catalog
-        WHERE {_LIVE}""",
+        WHERE {_LIVE}
+        UNION
+        SELECT d.name FROM {{d}} d JOIN {_MY_NAMES} ON n.name COLLATE utf8mb4_bin = d.name
+        WHERE d.deleted = 0""",
     pause_rows=f"""{_PAUSE_ROWS}
         WHERE p.entry = '*' OR p.entry IN (
             SELECT n.name COLLATE utf8mb4_bin FROM {_MY_NAMES})""",
@@ -389,7 +396,10 @@ SQLITE = FleetDialect(
         SELECT DISTINCT c.entry FROM {{c}} c
         JOIN json_each(:names) n ON n.value = c.entry
         JOIN {{r}} r ON r.catalog = c.catalog
-        WHERE {_LIVE}""",
+        WHERE {_LIVE}
+        UNION
+        SELECT d.name FROM {{d}} d JOIN json_each(:names) n ON n.value = d.name
+        WHERE d.deleted = 0""",
     pause_rows=f"""{_PAUSE_ROWS}
         WHERE p.entry = '*' OR p.entry IN (SELECT n.value FROM json_each(:names) n)""",
     pause_upsert="""

@@ -120,8 +120,9 @@ class SlotStore(StoreConnection):
         Concurrent callers never receive the same row. Rows of an entry paused
         now are left alone, and so is a run-now request (a row at fence 0, made
         by an operator, not a replica) of an entry that ``owner``'s catalog
-        (:meth:`.FleetStore.publish_catalog`) does not list: only a replica that can send it
-        takes it.
+        (:meth:`.FleetStore.publish_catalog`) does not list and that is not an
+        enabled stored entry (:class:`.ScheduleStore`; those are in no
+        catalog): only a replica that can send it takes it.
         """
 
     @abstractmethod

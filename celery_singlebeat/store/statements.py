@@ -104,6 +104,15 @@ def _paused(entry: str, now: str) -> str:
                    AND (p.until_us IS NULL OR p.until_us > {now}))"""
 
 
+def _stored(entry: str) -> str:
+    """True when ``entry`` is an enabled stored entry: every replica that
+    follows the stored schedules has it (they are in no catalog), so any may
+    take its run-now request (a replica that does not follow them leaves the
+    slot to the others, as an entry it does not have)."""
+    return f"""EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
+                       AND d.deleted = 0 AND d.enabled = 1)"""
+
+
 def _stale(entry: str, revision: str, now: str) -> str:
     """True when ``entry`` is a stored entry proposed under ``revision`` (an
     SQL expression; 0 for an entry of no stored schedule) and its row says the
@@ -170,7 +179,8 @@ POSTGRESQL = Dialect(
             WHERE s.state = 0 AND s.lease_until_us < (SELECT us FROM n)
               AND NOT {_paused("s.entry", "(SELECT us FROM n)")}
               AND (s.fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
-                                          WHERE k.catalog = :catalog AND k.entry = s.entry))
+                                          WHERE k.catalog = :catalog AND k.entry = s.entry)
+                   OR {_stored("s.entry")})
             ORDER BY s.slot_us, s.entry
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
@@ -327,7 +337,8 @@ MYSQL = Dialect(
         WHERE state = 0 AND lease_until_us < {_MY_NOW}
           AND NOT {_paused("{s}.entry", _MY_NOW)}
           AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
-                                    WHERE k.catalog = :catalog AND k.entry = {{s}}.entry))
+                                    WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
+               OR {_stored("{s}.entry")})
         ORDER BY slot_us, entry
         LIMIT :limit""",
     confirm=f"""
@@ -443,8 +454,9 @@ SQLITE = Dialect(
         WHERE json_extract(c.value, '$[1]') > COALESCE(e.last_slot_us, -1)
           AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
           AND NOT {_paused("json_extract(c.value, '$[0]')", _LITE_NOW)}
-          AND NOT {_stale("json_extract(c.value, '$[0]')", "json_extract(c.value, '$[2]')",
-                          _LITE_NOW)}
+          AND NOT {
+        _stale("json_extract(c.value, '$[0]')", "json_extract(c.value, '$[2]')", _LITE_NOW)
+    }
         ORDER BY 1, 2
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET owner = excluded.owner, fence = s.fence + 1,
@@ -459,7 +471,8 @@ SQLITE = Dialect(
             SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {_LITE_NOW}
               AND NOT {_paused("{s}.entry", _LITE_NOW)}
               AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
-                                        WHERE k.catalog = :catalog AND k.entry = {{s}}.entry))
+                                        WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
+                   OR {_stored("{s}.entry")})
             ORDER BY slot_us, entry LIMIT :limit)
         RETURNING {_LITE_NOW}, entry, slot_us, fence""",
     confirm=f"""

@@ -59,7 +59,9 @@ def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
         edited = schedules.upsert(
             "edited", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 1}, why="test"
         )
-        toggled = schedules.upsert("toggled", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 0})
+        toggled = schedules.upsert(
+            "toggled", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 0}
+        )
         doomed = schedules.upsert("doomed", "beatapp.probe", timedelta(seconds=1), kwargs={"i": 0})
         wait_for(
             lambda: {"edited", "toggled", "doomed"} <= {m.entry for m in reader.messages()},
@@ -111,9 +113,7 @@ def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
     assert any("'i': 2" in kw for _, kw in _versions(messages, "edited")), "version 2 never sent"
     toggled_at = [at for at, _ in _versions(messages, "toggled")]
     off_span = (us(disabled.updated) + EFFECT_US, us(enabled.updated))
-    assert not [at for at in toggled_at if off_span[0] < at <= off_span[1]], (
-        "sent while disabled"
-    )
+    assert not [at for at in toggled_at if off_span[0] < at <= off_span[1]], "sent while disabled"
     assert [at for at in toggled_at if at > off_span[1]], "not sent again once enabled"
     doomed_at = [at for at, _ in _versions(messages, "doomed")]
     assert doomed.revision is not None and doomed_at

@@ -345,6 +345,8 @@ def test_a_prune_deletes_old_tombstones_and_history_and_raises_the_floor(
     [b_gone] = store.schedule_feed(gone.revision).rows
     wait_db_past(store, b_gone.updated_us)
     [revived] = store.write_schedules([create("b")], "u")  # no tombstone any more
+    # "older than 0 µs" is strictly older: past the last write's instant first
+    wait_db_past(store, revived.updated_us)
     log_rows = len(store.schedule_log(limit=1000))
     assert log_rows == 6
     # every tombstone and history row is older than 0 µs now: only "a" goes of

@@ -261,12 +261,12 @@ def test_a_name_in_two_sources_stops_beat_at_start_up_naming_both(
     harness_for: Callable[..., Harness],  # noqa: F811
 ) -> None:
     harness = harness_for({"job": every(1)})
-    source = MemorySource(label="stored schedules", now_us=harness.clock)
+    source = MemorySource(label="crm entries", now_us=harness.clock)
     source.set("job", TASK, 5)
     with pytest.raises(ConfigurationError) as raised:
         MemoryScheduler(harness.app, store=harness.store, sources=[source])
     message = str(raised.value)
-    assert "'job'" in message and "beat_schedule" in message and "stored schedules" in message
+    assert "'job'" in message and "beat_schedule" in message and "crm entries" in message
 
 
 def test_a_name_another_source_has_is_refused_at_run_time_and_the_first_stays(
@@ -274,7 +274,7 @@ def test_a_name_another_source_has_is_refused_at_run_time_and_the_first_stays(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     harness = harness_for({"job": every(1)})
-    source = MemorySource(label="stored schedules", now_us=harness.clock)
+    source = MemorySource(label="crm entries", now_us=harness.clock)
     replica = harness.replica(sources=[source])
     replica.tick()
     source.set("job", TASK, 3600)
@@ -282,7 +282,7 @@ def test_a_name_another_source_has_is_refused_at_run_time_and_the_first_stays(
         replica.tick()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(
-        "stored schedules added entry 'job', which beat_schedule already defines" in e
+        "crm entries added entry 'job', which beat_schedule already defines" in e
         for e in errors
     ), errors
     harness.clock.advance(timedelta(seconds=1))
@@ -299,7 +299,7 @@ def test_an_entry_that_cannot_be_scheduled_is_refused_naming_its_source(
         """A schedule that cannot say when it runs next."""
 
     harness = harness_for({})
-    source = MemorySource(label="stored schedules", now_us=harness.clock)
+    source = MemorySource(label="crm entries", now_us=harness.clock)
     source.set("ok", TASK, 1)
     replica = harness.replica(sources=[source])
     replica.tick()
@@ -308,8 +308,8 @@ def test_an_entry_that_cannot_be_scheduled_is_refused_naming_its_source(
     with caplog.at_level(logging.ERROR, logger="celery_singlebeat"):
         replica.tick()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any("stored schedules entry name 'xxxx" in e and "300" not in e for e in errors)
-    assert any("stored schedules['odd']: unsupported schedule type NoEstimate" in e for e in errors)
+    assert any("crm entries entry name 'xxxx" in e and "300" not in e for e in errors)
+    assert any("crm entries['odd']: unsupported schedule type NoEstimate" in e for e in errors)
     assert set(replica.engine.tracked) == {"ok"}
 
 

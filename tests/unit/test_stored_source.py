@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
-from celery_singlebeat import Schedules, signals
-from celery_singlebeat.clock import US, datetime_to_us
+from celery_singlebeat import Schedules
+from celery_singlebeat.clock import US
 from celery_singlebeat.engine import Environment
 from celery_singlebeat.engine.feed import READ_EVERY_S
 
@@ -46,17 +46,10 @@ class Run:
         self.harness = harness
         self.replicas = [harness.replica(replica_id=f"r{i}") for i in range(replicas)]
         self.wake = {r.settings.replica_id: harness.clock() for r in self.replicas}
-        self.published: list[tuple[str, int, str]] = []
-        signals.slot_published.connect(self._on_published, weak=False)
 
-    def close(self) -> None:
-        signals.slot_published.disconnect(self._on_published)
-
-    def _on_published(self, sender: Any = None, **details: Any) -> None:
-        if sender in self.replicas:
-            self.published.append(
-                (details["entry"], datetime_to_us(details["slot"]), repr(details.get("kwargs")))
-            )
+    def published(self) -> list[tuple[str, int, str]]:
+        """(entry, slot, the positional arguments as the message shows them)."""
+        return [(m.entry, m.at_us, str(m.headers.get("argsrepr"))) for m in self.harness.drain()]
 
     def run_until(self, until_us: int) -> None:
         clock = self.harness.clock
@@ -67,6 +60,13 @@ class Run:
                     self.wake[rid] = clock() + int(replica.tick() * US)
             nxt = min(min(self.wake.values()), until_us)
             clock.advance(timedelta(microseconds=max(nxt - clock(), 1)))
+
+
+def _v(argsrepr: str) -> int:
+    """The version a message was sent under: its one positional argument."""
+    digits = "".join(c for c in argsrepr if c.isdigit())
+    assert digits, argsrepr
+    return int(digits)
 
 
 def _us(instant: Any) -> int:
@@ -80,15 +80,16 @@ def test_stored_entries_edited_while_three_replicas_tick(
 ) -> None:
     harness = harness_for({"static": every(2)})
     simulate(harness, seed)
+    harness.store.prepare(True)
     schedules = Schedules(store=harness.store, by="test")
     run = Run(harness, replicas=3)
     try:
         t0 = harness.clock()
-        a1 = schedules.upsert("a", TASK, timedelta(seconds=1), kwargs={"v": 1})
+        a1 = schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
         b = schedules.upsert("b", TASK, timedelta(seconds=1))
         c = schedules.upsert("c", TASK, timedelta(seconds=2))
         run.run_until(t0 + 5 * US)
-        a2 = schedules.update("a", kwargs={"v": 2})
+        a2 = schedules.update("a", args=[2])
         off = schedules.disable("b")
         run.run_until(harness.clock() + 4 * US + random.Random(seed).randrange(US))
         on = schedules.enable("b")
@@ -96,24 +97,23 @@ def test_stored_entries_edited_while_three_replicas_tick(
         deleted_us = harness.store.schedule_log("c")[0].at_us
         run.run_until(harness.clock() + 5 * US)
     finally:
-        run.close()
-    counts = Counter((e, at) for e, at, _ in run.published)
+        published = run.published()
+    counts = Counter((e, at) for e, at, _ in published)
     assert counts and max(counts.values()) == 1, "a slot was sent twice"
-    a_sent = [(at, kw) for e, at, kw in run.published if e == "a"]
-    assert [at for at, kw in a_sent if "'v': 1" in kw and at > _us(a2.updated) + EFFECT_US] == []
-    assert [at for at, kw in a_sent if "'v': 2" in kw], "the edit never took effect"
-    b_sent = [at for e, at, _ in run.published if e == "b"]
+    a_sent = [(at, kw) for e, at, kw in published if e == "a"]
+    assert [at for at, kw in a_sent if _v(kw) == 1 and at > _us(a2.updated) + EFFECT_US] == []
+    assert [at for at, kw in a_sent if _v(kw) == 2], "the edit never took effect"
+    b_sent = [at for e, at, _ in published if e == "b"]
     assert not [at for at in b_sent if _us(off.updated) + EFFECT_US < at <= _us(on.updated)]
     assert [at for at in b_sent if at > _us(on.updated)], "not sent again once enabled"
-    c_sent = [at for e, at, _ in run.published if e == "c"]
+    c_sent = [at for e, at, _ in published if e == "c"]
     assert c_sent and not [at for at in c_sent if at > deleted_us + EFFECT_US]
-    # every instant of "a" v2 from a second after the edit on: sent, once
-    expected = {
-        at for at in range(_us(a2.updated) + EFFECT_US, harness.clock() - US, US)
-    }
-    anchor = harness.store.register(["a"])["a"].anchor_us
-    grid = {anchor + ((at - anchor) // US + 1) * US for at in expected}
-    missing = {at for at in grid if at < harness.clock() - US} - {at for at, _ in a_sent}
+    # every instant of "a" v2 from a second after the edit on: sent, once; an
+    # interval's grid is its creation on the database's clock
+    anchor, first, last = _us(a1.created), _us(a2.updated) + EFFECT_US, harness.clock() - US
+    grid = [anchor + k * US for k in range((first - anchor) // US + 1, (last - anchor) // US + 1)]
+    assert len(grid) >= 5
+    missing = set(grid) - {at for at, _ in a_sent}
     assert not missing, f"instants of 'a' never sent: {sorted(missing)[:3]}"
     assert b.revision and c.revision and a1.revision
 
@@ -123,6 +123,7 @@ def test_idle_costs_one_feed_read_per_period_and_no_catalog_write(
 ) -> None:
     harness = harness_for({})
     simulate(harness, 1)
+    harness.store.prepare(True)
     schedules = Schedules(store=harness.store)
     schedules.upsert("hourly", TASK, timedelta(hours=1))
     replica = harness.replica(replica_id="solo")
@@ -152,6 +153,7 @@ def test_a_stored_entry_may_not_take_a_beat_schedule_name(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     harness = harness_for({"clash": every(2)})
+    simulate(harness, 1)
     replica = harness.replica(replica_id="solo")
     replica.tick()
     # written around the API's check, as another release or a hand-written row might
