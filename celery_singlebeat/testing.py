@@ -589,6 +589,7 @@ class MemoryStore(Store):
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
             self._replicas[info.id] = row
             self.open_claims = sum(1 for r in self._slots.values() if r.state == 0)
+            self.schedule_revision = self._top_revision()
             return sorted(
                 rid
                 for rid, r in self._replicas.items()

@@ -189,19 +189,6 @@ def _entry_json(entry: StoredEntry, runs: list[datetime] | None = None) -> dict[
     return doc
 
 
-def _schedule_text(entry: StoredEntry) -> str:
-    from ..schedules.spec import schedule_to_data
-
-    data = schedule_to_data(entry.schedule)
-    if "every" in data:
-        return f"every {data['every']:g}s"
-    if "crontab" in data:
-        return f"{data['crontab']}" + (f" ({data['tz']})" if data.get("tz") else "")
-    if "at" in data:
-        return f"at {data['at']}"
-    return json.dumps(data, sort_keys=True)
-
-
 @schedules_group.command(name="list")
 @click.option("--enabled/--disabled", "enabled", default=None, help="Only those enabled, or not.")
 @click.option("--managed-by", default=None, metavar="LABEL", help="Only those a file manages.")
@@ -211,6 +198,8 @@ def list_command(
     ctx: click.Context, enabled: bool | None, managed_by: str | None, as_json: bool
 ) -> None:
     """The stored entries, by name, with their next run."""
+    from ..schedules.spec import schedule_text
+
     with schedules_of(ctx) as schedules:
         entries = schedules.list(enabled=enabled, managed_by=managed_by)
         runs = {e.name: schedules.next_runs(e, 1) for e in entries}
@@ -224,7 +213,7 @@ def list_command(
         (
             e.name,
             e.task,
-            _schedule_text(e),
+            schedule_text(e),
             "yes" if e.enabled else "no",
             _when(runs[e.name][0]) if runs[e.name] else "-",
             str(e.revision),

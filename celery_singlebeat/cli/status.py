@@ -9,10 +9,12 @@ import click
 from . import output
 from .connect import fleet_of
 from .durations import InstantOrDuration, When
-from .group import singlebeat
+from .group import _app_of, singlebeat
 
 if TYPE_CHECKING:
-    from ..store.fleet import EntryStatus, ReplicaStatus
+    from datetime import datetime
+
+    from ..store.fleet import EntryStatus, Fleet, ReplicaStatus
 
 #: entries a human status shows unless told otherwise (JSON shows all)
 STATUS_ROWS = 50
@@ -36,7 +38,9 @@ def status_command(ctx: click.Context, limit: int | None, show_all: bool, as_jso
     """Every entry (next due first), the replicas and the pauses."""
     with fleet_of(ctx) as fleet:
         status = fleet.status()
-        entries = status.entries
+        entries = with_stored(
+            status.entries, fleet, status.now_us, _app_of(ctx), len(_live(status.replicas))
+        )
         if as_json:
             shown = entries if show_all or limit is None else entries[:limit]
             output.emit_json(
@@ -101,6 +105,70 @@ def status_command(ctx: click.Context, limit: int | None, show_all: bool, as_jso
                     ],
                 )
             )
+
+
+def with_stored(
+    entries: list[EntryStatus], fleet: Fleet, now_us: int, app: Any, live: int
+) -> list[EntryStatus]:
+    """``entries`` with the stored entries' task, schedule and next slot, which
+    no catalog lists (every replica reads them from their table): the next
+    slot as the replicas compute it (``next_runs``), overdue as for the others
+    when the first slot after the last claimed one fell due more than
+    ``DUE_SLACK_US`` ago, unpaused. Re-sorted next due first."""
+    from datetime import timezone
+
+    from ..clock import us_to_datetime
+    from ..schedules.runs import next_runs
+    from ..schedules.spec import entry_from_fields, schedule_text
+    from ..store.fleet import DUE_SLACK_US
+
+    rows, _ = fleet.store.schedule_rows()
+    if not rows:
+        return entries
+    stored = {row.name: row for row in rows}
+    tz = app.timezone if app is not None else timezone.utc
+    out: list[EntryStatus] = []
+    for status in entries:
+        row = stored.get(status.name)
+        if row is None or status.task is not None:
+            out.append(status)
+            continue
+        entry = entry_from_fields(row._asdict())
+        text = schedule_text(entry) + ("" if entry.enabled else " (disabled)")
+        after_us = status.last_slot_us if status.last_slot_us is not None else now_us
+        first_us = _next_us(next_runs(entry, 1, now=us_to_datetime(after_us), tz=tz))
+        overdue_us = None
+        next_us = first_us
+        if first_us is not None and first_us < now_us - DUE_SLACK_US:
+            overdue_us = None if status.pause is not None or not entry.enabled else first_us
+            next_us = _next_us(next_runs(entry, 1, now=us_to_datetime(now_us), tz=tz))
+        out.append(
+            status._replace(
+                task=entry.task,
+                schedule=text,
+                # every live replica that follows the stored schedules has it
+                replicas=live if entry.enabled else 0,
+                next_slot_us=next_us if entry.enabled else None,
+                overdue_slot_us=overdue_us,
+                next_known=True,
+            )
+        )
+    # as the fleet sorts: by name, then (stable) overdue by the slot they
+    # missed, the others by their next slot, unknown last
+    out.sort(key=lambda e: e.name)
+    out.sort(key=_due)
+    return out
+
+
+def _next_us(runs: list[datetime]) -> int | None:
+    from ..clock import datetime_to_us
+
+    return datetime_to_us(runs[0]) if runs else None
+
+
+def _due(entry: EntryStatus) -> tuple[bool, int]:
+    due = entry.overdue_slot_us if entry.overdue_slot_us is not None else entry.next_slot_us
+    return (due is None, due or 0)
 
 
 def output_instant(name: str, instant_us: int) -> dict[str, Any]:

@@ -215,14 +215,18 @@ class Engine:
         3. confirm what an outage left published but unrecorded, before any
            sweep: our own takeover would otherwise publish it again;
         4. the feed (about once a second): a control change makes this tick
-           sweep; then the entries' changes from their sources, before
-           anything is planned, so that no claim follows a definition older
-           than the last read;
-        5. the sweep (heartbeat, then takeover, not during the hold), or a
-           sooner read of the live replicas when the views differed;
-        6. the prune, when its turn comes round;
-        7. the claim of what is due, then sending and confirming it;
-        8. the sleep: until the next slot of either heap, the hold's end, the
+           sweep; a sweep due before the next read comes now instead, since
+           its heartbeat reads the same versions;
+        5. the sweep's heartbeat, or a sooner read of the live replicas when
+           the views differed;
+        6. the entries' changes from their sources, after every read of the
+           versions and before anything is planned, so that no claim follows
+           a definition older than the last read; then the sweep's takeover
+           (not during the hold), which may take a run-now request of an
+           entry the watch has just added;
+        7. the prune, when its turn comes round;
+        8. the claim of what is due, then sending and confirming it;
+        9. the sleep: until the next slot of either heap, the hold's end, the
            next sweep, the next feed read, or the next listen poll.
         """
         ctx = self.ctx
@@ -236,25 +240,32 @@ class Engine:
         if self.hold.interrupted():
             self._after_interruption()
         self.sending.confirm_pending()
-        if self.feed.due(monotonic, heard) and self.feed.read(monotonic):
-            # the pauses are read; a run-now request is a row the sweep takes
-            self.next_sweep = 0.0
+        if self.feed.due(monotonic, heard):
+            if self.next_sweep - monotonic < self.feed.every():
+                # the sweep would come before the next read: sweep now, its
+                # heartbeat reads the same two versions (one statement, not two)
+                self.next_sweep = monotonic
+            elif self.feed.read(monotonic):
+                # the pauses are read; a run-now request is a row the sweep takes
+                self.next_sweep = 0.0
+        sweeping = monotonic >= self.next_sweep
+        if sweeping:
+            self.next_sweep = monotonic + ctx.sweep_every
+            self.membership.beat(monotonic)
+            self.feed.read_elsewhere(monotonic)
+            self.controls.changed()
+        elif monotonic >= self.membership.next_share:
+            self._beat(monotonic)
         touched = self.watch.poll(store.clock.now_us())
         if touched:
             self.membership.publish_catalog(touched)
-        if monotonic >= self.next_sweep:
-            self.next_sweep = monotonic + ctx.sweep_every
-            self.membership.beat(monotonic)
-            # in a sweep, the takeover that takes run-now requests follows at once
-            self.controls.changed()
-            # The heartbeat has just counted the claimed rows of the whole store:
-            # with none, nothing can be abandoned (a row abandoned now was claimed
-            # then), and the takeover statement is skipped. Idle, that halves
-            # what a sweep costs.
-            if store.open_claims != 0 and not self.hold.holding(monotonic):
-                self.sending.send(*self.takeover.take_over())
-        elif monotonic >= self.membership.next_share:
-            self._beat(monotonic)
+        # The heartbeat has just counted the claimed rows of the whole store:
+        # with none, nothing can be abandoned (a row abandoned now was claimed
+        # then), and the takeover statement is skipped. Idle, that halves what a
+        # sweep costs. After the watch: a run-now request of an entry added
+        # since the last tick is one this replica can send.
+        if sweeping and store.open_claims != 0 and not self.hold.holding(monotonic):
+            self.sending.send(*self.takeover.take_over())
         if self.upkeep.due(monotonic):
             self.upkeep.prune(monotonic)
         claimed = self.claiming.claim_due()
@@ -270,6 +281,7 @@ class Engine:
         """The heartbeat outside a sweep: a control change it brings back makes
         the next tick sweep (a run-now request is a row a sweep takes)."""
         self.membership.beat(monotonic)
+        self.feed.read_elsewhere(monotonic)
         if self.controls.changed():
             self.next_sweep = 0.0
 

@@ -236,6 +236,19 @@ def entry_from_document(
     )
 
 
+def schedule_text(entry: StoredEntry) -> str:
+    """The entry's schedule as a person reads it: ``every 30s``,
+    ``0 3 * * * (Europe/Paris)``, ``at 2026-12-24T17:00:00+00:00``."""
+    data = schedule_to_data(entry.schedule)
+    if "every" in data:
+        return f"every {data['every']:g}s"
+    if "crontab" in data:
+        return f"{data['crontab']}" + (f" ({data['tz']})" if data.get("tz") else "")
+    if "at" in data:
+        return f"at {data['at']}"
+    return compact_json(data)
+
+
 __all__ = [
     "DOCUMENT_DEFAULTS",
     "STORE_KEPT_FIELDS",
@@ -245,5 +258,6 @@ __all__ = [
     "entry_to_document",
     "entry_to_fields",
     "schedule_from_data",
+    "schedule_text",
     "schedule_to_data",
 ]

@@ -66,8 +66,11 @@ class FleetStore(StoreConnection):
         """Record ``info`` in the replica's row and return the live replicas.
 
         Upserts the row with ``seen_us`` = the database's now and clears its
-        ``stopped_us``; reads the control version into :attr:`controls_version`
-        and the claimed-but-unsent rows into :attr:`open_claims`. Returns the
+        ``stopped_us``; reads the control version into :attr:`controls_version`,
+        the claimed-but-unsent rows into :attr:`open_claims` and, where the
+        store keeps stored schedules, their highest revision into
+        :attr:`.ScheduleStore.schedule_revision` (so that a heartbeat counts as
+        a feed read). Returns the
         ids, sorted, of the replica rows that are live by
         :func:`~celery_singlebeat.membership.replica_live` at the database's
         now of this call, ``info.id`` always among them (its row was just

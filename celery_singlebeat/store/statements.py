@@ -95,6 +95,9 @@ def live_replica(now: str, alias: str = "r") -> str:
 _PG_NOW = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT))"
 #: the control version and whether every entry is paused, read once per statement
 _CONTROLS = "(SELECT value_us FROM {m} WHERE key = 'controls')"
+#: the stored schedules' highest revision (through its index), which the
+#: heartbeat brings back beside the control version: it counts as a feed read
+_SCHEDULES = "(SELECT max(revision) FROM {d})"
 
 
 def _paused(entry: str, now: str) -> str:
@@ -261,7 +264,8 @@ POSTGRESQL = Dialect(
                 stopped_us = NULL
             RETURNING 1
         )
-        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id
+        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+               {_SCHEDULES}
         FROM n LEFT JOIN (
             SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
         ) o ON true""",
@@ -402,7 +406,8 @@ MYSQL = Dialect(
             proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
             version = VALUES(version), stopped_us = NULL""",
     heartbeat_read=f"""
-        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id
+        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+               {_SCHEDULES}
         FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT lr.id FROM {{r}} lr WHERE {live_replica(_MY_NOW, "lr")}
         ) o ON true""",
@@ -532,7 +537,7 @@ SQLITE = Dialect(
             heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
         RETURNING seen_us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
             (SELECT json_group_array(lr.id) FROM {{r}} lr
-             WHERE {live_replica(_LITE_NOW, "lr")})""",
+             WHERE {live_replica(_LITE_NOW, "lr")}), {_SCHEDULES}""",
     heartbeat_read="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
     catalog_header=f"""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
+from sqlalchemy.engine import make_url
 
 from celery_singlebeat import Schedules
 from celery_singlebeat.cli import singlebeat
@@ -222,3 +223,35 @@ def test_an_import_with_a_bad_entry_writes_nothing(target: list[str], tmp_path: 
     assert "'broken'" in result.output and "minute" in result.output
     assert "'worse'" in result.output and "colour" in result.output
     assert as_json(cli(target, "list", "--json"))["entries"] == []
+
+
+def test_status_pause_and_run_now_treat_stored_entries_as_others(
+    target: list[str], db_url: str, table_prefix: str
+) -> None:
+    from celery_singlebeat.store.sql import SqlStore
+
+    cli(target, "add", "stored-job", "--task", "t.job", "--every", "3600")
+    store = SqlStore(make_url(db_url), table_prefix=table_prefix)
+    try:
+        # a replica registered it (no catalog lists a stored entry)
+        store.register(["stored-job"], "pod-a:1:aa")
+        status = CliRunner().invoke(singlebeat, [*target, "status", "--json"])
+        assert status.exit_code == 0, status.output
+        [entry] = [e for e in json.loads(status.output)["entries"] if e["name"] == "stored-job"]
+        assert entry["task"] == "t.job" and entry["schedule"] == "every 3600s"
+        assert entry["next_slot_us"] is not None
+        # pause and run-now accept it, though no replica's catalog lists it
+        paused = CliRunner().invoke(singlebeat, [*target, "pause", "stored-job"])
+        assert paused.exit_code == 0, paused.output
+        CliRunner().invoke(singlebeat, [*target, "resume", "stored-job"])
+        ran = CliRunner().invoke(singlebeat, [*target, "run", "stored-job"])
+        assert ran.exit_code == 0, ran.output
+        # and a replica with no catalog at all takes the request
+        taken = store.take_over("pod-b:2:bb", 15_000_000, 10)
+        assert [c.entry for c in taken] == ["stored-job"]
+        # a deleted stored entry is refused like an unknown one
+        cli(target, "rm", "stored-job")
+        refused = CliRunner().invoke(singlebeat, [*target, "run", "stored-job"])
+        assert refused.exit_code == 1 and "no live replica has the entry" in refused.output
+    finally:
+        store.close()

@@ -58,7 +58,7 @@ def test_a_lone_replica_stepped_back_sends_every_slot_once_by_its_next_feed_read
     harness_for: Callable[..., Harness],  # noqa: F811
     simulated: Callable[[Harness], None],
 ) -> None:
-    # the feed read (every 0.9 s) is a round trip that corrects the clock, well
+    # the feed read (every 0.95 s) is a round trip that corrects the clock, well
     # within the 5 s grace, so every slot the step hid is still on time
     harness = harness_for({"job": every(1)}, singlebeat_lease=LEASE)
     local = harness.steppable()
@@ -88,7 +88,7 @@ def test_a_lone_replica_stepped_back_past_the_grace_applies_the_missed_run_polic
     simulated: Callable[[Harness], None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # a grace of 0.2 s, shorter than the 0.9 s between two feed reads (the
+    # a grace of 0.2 s, shorter than the 0.95 s between two feed reads (the
     # round trips that correct the clock while idle), so slots the step hid
     # can be older than the grace when it ends: coalesce drops those (an
     # on-time slot follows)
@@ -101,7 +101,7 @@ def test_a_lone_replica_stepped_back_past_the_grace_applies_the_missed_run_polic
     t0 = harness.t0_us
     replica = harness.replica()
     run_loop(harness.clock, [replica], t0 + 16 * US)
-    # just after a feed read: the next one, 0.9 s on, is what corrects the clock
+    # just after a feed read: the next one, 0.95 s on, is what corrects the clock
     reads = replica.engine.feed.reads
     while replica.engine.feed.reads == reads:
         run_loop(harness.clock, [replica], harness.clock() + 1000)

@@ -282,8 +282,7 @@ def test_a_name_another_source_has_is_refused_at_run_time_and_the_first_stays(
         replica.tick()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(
-        "crm entries added entry 'job', which beat_schedule already defines" in e
-        for e in errors
+        "crm entries added entry 'job', which beat_schedule already defines" in e for e in errors
     ), errors
     harness.clock.advance(timedelta(seconds=1))
     replica.tick()
