@@ -186,6 +186,8 @@ def _entry_json(entry: StoredEntry, runs: list[datetime] | None = None) -> dict[
     )
     if runs is not None:
         doc["next_runs"] = [r.isoformat() for r in runs]
+        # an entry whose runs are all behind it: its single run, its N runs, its end
+        doc["done"] = entry.enabled and not runs
     return doc
 
 
@@ -215,7 +217,7 @@ def list_command(
             e.task,
             schedule_text(e),
             "yes" if e.enabled else "no",
-            _when(runs[e.name][0]) if runs[e.name] else "-",
+            _when(runs[e.name][0]) if runs[e.name] else ("done" if e.enabled else "-"),
             str(e.revision),
             e.updated_by,
         )

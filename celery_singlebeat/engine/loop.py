@@ -134,7 +134,8 @@ class Engine:
 
     def periodic_marks(self) -> tuple[float, float, float]:
         """When the next sweep, share check and prune are due (monotonic): a
-        tick that changed them did periodic work besides sending."""
+        tick that changed them did periodic work besides sending. The feed read
+        (about once a second) is counted apart: :attr:`feed`'s ``reads``."""
         return (self.next_sweep, self.membership.next_share, self.upkeep.next_prune)
 
     def use_sources(self, sources: Sequence[EntrySource]) -> None:

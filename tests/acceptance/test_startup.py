@@ -508,8 +508,15 @@ def test_three_replicas_starting_together_create_the_schema_once(
         engine.dispose()
     # one row per key (the prune turns have moved on by now)
     values = {str(key): int(value) for key, value in meta}
-    assert sorted(values) == ["controls", "prune", "prune_singletons", "schema_version"]
-    assert len(meta) == 4
+    assert sorted(values) == [
+        "controls",
+        "prune",
+        "prune_singletons",
+        "schedule_floor",
+        "schedule_revision",
+        "schema_version",
+    ]
+    assert len(meta) == 6
     assert values["schema_version"] == SCHEMA_VERSION
     assert [row.name for row in entries] == ["probe"]
     for proc in procs:

@@ -149,3 +149,63 @@ def test_stored_entries_edited_while_replicas_run_sqlite(
     rig: Rig, tmp_path: Path, redis_url: str, table_prefix: str
 ) -> None:
     _edit_cycle(rig, f"{redis_url}/6", f"sqlite:///{tmp_path / 'stored.db'}", table_prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.shared_postgres
+def test_a_single_run_is_sent_once_when_its_sender_is_killed_after_the_claim(
+    rig: Rig, pg_url: str, redis_url: str, table_prefix: str
+) -> None:
+    """Three replicas; the one that claims the single run freezes there
+    (SIGSTOP) and is SIGKILLed; another takes the claim over once its lease
+    (3 s) runs out and sends it: once, at its instant, under its own task id."""
+    import re
+    import signal
+
+    reader, db, env = rig.fleet(
+        f"{redis_url}/6",
+        pg_url,
+        table_prefix,
+        SB_ENTRIES="0",
+        SB_LEASE="3",
+        SB_LOOP="1",
+        SB_STOP_ON="claimed",
+        SB_STOP_ARM="usr2",
+    )
+    beats = [rig.start_beat(env, f"once-{i}") for i in range(3)]
+    wait_connected(beats)
+    for beat in beats:
+        beat.signal(signal.SIGUSR2)  # armed: stop at the next slot it claims
+    with Schedules(pg_url, table_prefix=table_prefix, by="test") as schedules:
+        at = datetime.now(timezone.utc) + timedelta(seconds=2)
+        schedules.upsert("once", "beatapp.probe", at, args=[1])
+        frozen = wait_for(
+            lambda: next((b for b in beats if re.search(r"SB-STOPPING once ", b.log())), None),
+            15,
+            "a replica to claim the single run and freeze",
+            interval=0.1,
+        )
+        wait_for(lambda: frozen.state() == "T", 5, "the claimer to freeze")
+        survivors = [b for b in beats if b is not frozen]
+        for beat in survivors:
+            beat.signal(signal.SIGUSR1)  # disarmed: they must send it
+        frozen.kill()
+        killed_at = db.now_us()
+        wait_for(
+            lambda: [m for m in reader.messages() if m.entry == "once"],
+            20,
+            "a survivor to take the claim over and send it",
+            interval=0.2,
+        )
+        # a lease and more past the takeover: nothing else of it comes
+        settle_us = killed_at + 8 * US
+        wait_for(lambda: db.now_us() >= settle_us, 15, "a lease past the takeover", interval=0.2)
+    for beat in survivors:
+        beat.stop()
+    sent = [m for m in reader.finish() if m.entry == "once"]
+    at_us = int(at.timestamp() * US)
+    assert [m.at_us for m in sent] == [at_us], sent
+    row = db.rows()[("once", at_us)]
+    assert row.fence >= 2, row  # taken over, not sent by the killed claimer

@@ -255,3 +255,16 @@ def test_status_pause_and_run_now_treat_stored_entries_as_others(
         assert refused.exit_code == 1 and "no live replica has the entry" in refused.output
     finally:
         store.close()
+
+
+def test_an_entry_whose_runs_are_behind_it_is_done(target: list[str]) -> None:
+    cli(target, "add", "past", "--task", "t", "--at", "2020-01-01T00:00:00Z")
+    cli(target, "add", "off", "--task", "t", "--at", "2020-01-01T00:00:00Z", "--disabled")
+    cli(target, "add", "live", "--task", "t", "--every", "60")
+    entries = {e["name"]: e for e in as_json(cli(target, "list", "--json"))["entries"]}
+    assert entries["past"]["done"] is True and entries["past"]["next_runs"] == []
+    assert entries["off"]["done"] is False
+    assert entries["live"]["done"] is False
+    rows = {line.split()[0]: line for line in cli(target, "list").output.splitlines()[1:]}
+    assert " done " in rows["past"] and " done " not in rows["off"]
+    assert " done " not in rows["live"]

@@ -759,10 +759,21 @@ def test_prepare_without_create_names_the_tables_the_previous_release_lacked(
 ) -> None:
     make_previous_release_schema(backend)
     p = backend.prefix
-    # the tables added since: SingletonTask's, then the fleet's (issue 12)
+    # the tables added since: SingletonTask's, the fleet's (issue 12), then the
+    # stored schedules' (issue 24)
     added = ", ".join(
         f"{p}{t}"
-        for t in ("catalog", "catalogs", "locks", "pauses", "replicas", "requests", "runs")
+        for t in (
+            "catalog",
+            "catalogs",
+            "locks",
+            "pauses",
+            "replicas",
+            "requests",
+            "runs",
+            "schedule_log",
+            "schedules",
+        )
     )
     with pytest.raises(SchemaError, match=rf"\({added}\)") as raised:
         backend.open().prepare(create=False)
