@@ -820,7 +820,8 @@ class MemoryStore(Store):
         """See :meth:`.ScheduleStore.schedule_rows`."""
         with self._round_trip("read schedules"):
             rows = sorted((r for r in self._schedules.values() if not r.deleted), key=_by_name)
-            return rows, self._top_revision()
+            # the floor when higher: the prune may have deleted the newest tombstone
+            return rows, max(self._top_revision(), self._schedule_floor)
 
     def schedule_row(self, name: str) -> ScheduleRow | None:
         """See :meth:`.ScheduleStore.schedule_row`."""

@@ -56,7 +56,8 @@ class ScheduleDialect:
     #: (now, floor, row columns...) of rows above ``:after``; one row of NULL
     #: columns when there are none
     feed: str
-    #: (now, max revision, row columns...) of the live rows
+    #: (now, revision, row columns...) of the live rows; the revision is the
+    #: table's highest or the floor, whichever is higher
     rows: str
     #: (now, row columns...) of the live row ``:name``
     row: str
@@ -102,9 +103,9 @@ _TOMBSTONES_DELETE = """
 _LOG_DELETE = "DELETE FROM {g} WHERE at_us < :cutoff"
 
 
-def _common(now: str, key: str = "key") -> dict[str, str]:
+def _common(now: str, key: str = "key", greatest: str = "GREATEST") -> dict[str, str]:
     """The statements every dialect writes alike but for its clock (and
-    MySQL's quoted ``key``)."""
+    MySQL's quoted ``key``, SQLite's ``max`` of two values)."""
     return {
         "log_insert": _LOG_INSERT,
         "log_all": _LOG_ALL,
@@ -115,8 +116,14 @@ def _common(now: str, key: str = "key") -> dict[str, str]:
             SELECT {now}, (SELECT f.value_us FROM {{m}} f WHERE f.{key} = {_F}), {_COLS}
             FROM {_ONE} LEFT JOIN {{t}} t ON t.revision > :after
             ORDER BY t.revision, t.name""",
+        # the revision is the floor when that is higher: the prune may have
+        # deleted the newest tombstone, and a cursor below the floor would make
+        # every feed after it incomplete, a reload each time
         "rows": f"""
-            SELECT {now}, (SELECT max(x.revision) FROM {{t}} x), {_COLS}
+            SELECT {now}, {greatest}(
+                       COALESCE((SELECT max(x.revision) FROM {{t}} x), 0),
+                       COALESCE((SELECT f.value_us FROM {{m}} f WHERE f.{key} = {_F}), 0)),
+                   {_COLS}
             FROM {_ONE} LEFT JOIN {{t}} t ON t.deleted = 0
             ORDER BY t.name""",
         "row": f"""
@@ -208,7 +215,7 @@ SQLITE = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET value_us = max(value_us, excluded.value_us)""",
-    **_common(_LITE_NOW),
+    **_common(_LITE_NOW, greatest="max"),
 )
 
 

@@ -131,8 +131,12 @@ class ScheduleStore(StoreConnection):
         after R (:meth:`schedule_feed`) reports whatever is not (it may
         repeat some).
 
-        One statement that reads the rows and the highest revision of the
-        table (tombstones included) in one snapshot: PostgreSQL's statement
+        R is the highest revision of the table (tombstones included) or the
+        prune's floor, whichever is higher: after the prune deleted the
+        newest tombstone, a cursor below the floor would make every feed
+        incomplete. (So R may exceed :meth:`feed_versions`: a reader has news
+        when that is above its cursor.) One statement that reads the rows, the
+        highest revision and the floor in one snapshot: PostgreSQL's statement
         snapshot, InnoDB's consistent read of one statement, SQLite's read
         transaction of one statement. The default: ``([], 0)``.
         """

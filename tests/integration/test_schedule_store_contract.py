@@ -365,6 +365,22 @@ def test_a_prune_deletes_old_tombstones_and_history_and_raises_the_floor(
     assert store.schedule_feed(cursor).complete is False
 
 
+def test_after_the_newest_tombstone_is_pruned_a_reload_s_cursor_is_the_floor(
+    backend: Backend,
+) -> None:
+    """Else every feed from the reload's cursor would be incomplete: a reload a second."""
+    store = backend.ready()
+    store.write_schedules([create("a")], "u")
+    [gone] = store.write_schedules([ScheduleWrite("delete", "a")], "u")
+    wait_db_past(store, gone.updated_us)
+    assert store.prune_schedules(0, 10**12) == 1
+    assert store.feed_versions() == 0  # no row left: below any cursor, so nothing new
+    assert store.schedule_feed(0).complete is False
+    rows, cursor = store.schedule_rows()
+    assert (rows, cursor) == ([], gone.revision)
+    assert store.schedule_feed(cursor) == ([], cursor, True)
+
+
 def test_feed_versions_sees_a_write_and_a_control_change_in_one_statement(
     backend: Backend,
 ) -> None:
