@@ -262,7 +262,7 @@ class At:
     """The schedule of one run at an instant (an aware datetime, kept in UTC).
 
     Not a Celery schedule: the replicas compute its one slot through the
-    :func:`~celery_singlebeat.slots.sequence_for` hook (:meth:`slot_sequence`).
+    :func:`~celery_singlebeat.slots.sequence_for` hook (``slot_sequence``).
     """
 
     at: datetime

@@ -1,7 +1,8 @@
 """Schedules stored in the database and edited at run time: the model.
 
 A stored entry is a value (:class:`StoredEntry`), checked whole when it is
-made (:func:`stored_entry`, :func:`with_changes`; a wrong field raises
+made (:func:`~celery_singlebeat.stored_entry`,
+:func:`~celery_singlebeat.schedules.with_changes`; a wrong field raises
 :class:`~celery_singlebeat.exceptions.InvalidEntry` naming the entry and the
 field). Modules, one concept each:
 

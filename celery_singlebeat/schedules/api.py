@@ -155,7 +155,7 @@ class Schedules:
         """Create the entry, or (``if_exists``) replace it whole (``"replace"``),
         refuse (``"error"``: ScheduleExists) or leave it (``"keep"``). Takes a
         :class:`StoredEntry` or the arguments of
-        :func:`~.definition.stored_entry`. Idempotent: an upsert of what is
+        :func:`~celery_singlebeat.stored_entry`. Idempotent: an upsert of what is
         stored writes nothing (no revision, no history)."""
         if if_exists not in IF_EXISTS:
             raise ValueError(f"if_exists={if_exists!r}: expected one of {', '.join(IF_EXISTS)}")

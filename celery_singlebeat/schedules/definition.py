@@ -1,6 +1,6 @@
 """A stored schedule entry as a value: :class:`StoredEntry`, and its validation.
 
-:func:`stored_entry` is the one way in, for users, the ``Schedules`` API, the
+:func:`~celery_singlebeat.stored_entry` is the one way in, for users, the ``Schedules`` API, the
 CLI, import files and rows read back from the database: it normalises every
 field (a schedule to its canonical object, arguments to what JSON gives back,
 instants to UTC) and checks them, so that an entry that exists is one the
@@ -78,10 +78,11 @@ def compact_json(value: Any) -> str:
 class StoredEntry:
     """One schedule entry kept in the database: what to send, and when.
 
-    Build one with :func:`stored_entry` (which checks it), change one with
-    :func:`with_changes`. Two entries are equal when every field is, the
-    schedule compared by its data form (so a crontab's own time zone counts,
-    which Celery's ``crontab.__eq__`` ignores). Treat the mappings as frozen.
+    Build one with :func:`~celery_singlebeat.stored_entry` (which checks it),
+    change one with :func:`~celery_singlebeat.schedules.with_changes`. Two
+    entries are equal when every field is, the schedule compared by its data
+    form (so a crontab's own time zone counts, which Celery's
+    ``crontab.__eq__`` ignores). Treat the mappings as frozen.
     """
 
     #: unique; 1 to 255 bytes of UTF-8, no control characters
@@ -480,13 +481,13 @@ def stored_entry(
     :class:`~celery_singlebeat.exceptions.InvalidEntry` listing every wrong
     field of it.
 
-    ``schedule``: anything :func:`celery_singlebeat.schedules.kinds.make_schedule`
+    ``schedule``: anything ``kinds.make_schedule``
     accepts (Celery's ``crontab``, ``schedule``, ``solar``; a ``timedelta`` or
     seconds; an aware ``datetime``; the data form ``{"every": 30}``,
     ``{"crontab": "*/5 * * * *", "tz": "Europe/Paris"}``, ...). ``options``
     and the options given one by one (``queue=``, ``priority=``, ...) are
     merged; one given both ways with two values is an error. ``start``/``end``:
-    aware datetimes or ISO 8601 text. ``missed``: see :func:`parse_missed`.
+    aware datetimes or ISO 8601 text. ``missed``: see ``parse_missed``.
     ``jitter``: a timedelta or seconds, below the shortest gap between two runs
     (checked against the next ``JITTER_CHECKED_RUNS`` runs after ``now``, the
     process's clock unless given; ``check_jitter=False`` skips that walk for
@@ -574,9 +575,9 @@ def stored_entry(
 
 def with_changes(entry: StoredEntry, **changes: Any) -> StoredEntry:
     """``entry`` with some fields changed, checked whole (InvalidEntry as
-    :func:`stored_entry`); the store-kept fields are kept as they are.
+    :func:`~celery_singlebeat.stored_entry`); the store-kept fields are kept as they are.
 
-    Takes :func:`stored_entry`'s keywords. An option given one by one
+    Takes :func:`~celery_singlebeat.stored_entry`'s keywords. An option given one by one
     (``queue=``, ``priority=``, ...) changes that option alone, and None
     removes it; ``options=`` replaces them all. Renaming is not an edit
     (``name=`` is refused): a rename is a delete and an add.

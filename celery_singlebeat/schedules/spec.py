@@ -205,7 +205,7 @@ def entry_from_document(
     """The entry a document describes (see :func:`entry_to_document`);
     InvalidEntry naming the entry and the field for anything wrong, an unknown
     key included. ``managed_by``: the import file that manages it. ``checks``:
-    :func:`~.definition.stored_entry`'s ``now`` and ``check_jitter``.
+    :func:`~celery_singlebeat.stored_entry`'s ``now`` and ``check_jitter``.
     """
     if not isinstance(doc, Mapping):
         raise InvalidEntry(name, "task", f"the entry is {doc!r}, not a mapping of its fields")

@@ -114,7 +114,7 @@ class ScheduleStore(StoreConnection):
         no row will carry (the feed skips it).
 
         Raises ValueError before any round trip for a batch no store could
-        write (:func:`.schedule_edits.check_batch`: an unknown op, a name
+        write (``schedule_edits.check_batch``: an unknown op, a name
         named twice, missing or unknown fields, a wrong type or a JSON field
         that is not JSON, ``by`` over 120 or ``why`` over 1,000 characters);
         :class:`~celery_singlebeat.exceptions.ScheduleExists` (a create of a
