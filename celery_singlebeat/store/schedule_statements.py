@@ -69,8 +69,8 @@ class ScheduleDialect:
     tombstones_delete: str
     log_delete: str
     sent_count: str
-    #: the counter and the floor, created by prepare: (:key, :value_us) pairs
-    #: are meta_insert's (statements.py)
+    #: the table's highest revision (0 when empty): where prepare starts the
+    #: counter row it creates when missing (with statements.py's meta_insert)
     seed_revision: str
 
     def render(self, prefix: str) -> ScheduleDialect:
