@@ -847,7 +847,10 @@ class MemoryStore(Store):
             return self.schedule_revision
 
     def _top_revision(self) -> int:
-        return max((r.revision for r in self._schedules.values()), default=0)
+        # the floor too, as the SQL store's (ScheduleStore.feed_versions)
+        return max(
+            max((r.revision for r in self._schedules.values()), default=0), self._schedule_floor
+        )
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         """See :meth:`.ScheduleStore.schedule_log`."""

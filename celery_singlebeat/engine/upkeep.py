@@ -1,4 +1,5 @@
-"""Upkeep: pruning old slot rows and the rows of replicas gone.
+"""Upkeep: pruning old slot rows, the rows of replicas gone, and the stored
+schedules' tombstones and history.
 
 One replica's turn comes round at most once a minute for the slot rows (the
 store decides whose turn it is, so a fleet prunes once a minute in all), and
@@ -8,6 +9,7 @@ at most every ten minutes for replica rows, which age by the retention.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from ..clock import US
 from .context import ReplicaContext
@@ -51,3 +53,14 @@ class Upkeep:
             gone = store.prune_fleet(retention_us)
             if gone:
                 logger.info("singlebeat: pruned %d rows of replicas gone", gone)
+            # a deleted stored entry's tombstone is kept as long as slot rows
+            # are: a replica cut off for longer reads every row once when back
+            # (schedules/source.py); the history as long as the setting says
+            pruned = store.prune_schedules(
+                retention_us, ctx.settings.schedule_log_retention // timedelta(microseconds=1)
+            )
+            if pruned:
+                logger.info(
+                    "singlebeat: pruned %d tombstones and history rows of stored schedules",
+                    pruned,
+                )

@@ -51,7 +51,7 @@ class ScheduleDialect:
     log_insert: str
     #: PostgreSQL: wakes the replicas that LISTEN (delivered at commit); "" elsewhere
     notify: str
-    #: (now, max revision, control version): feed_versions
+    #: (now, max revision, control version, floor): feed_versions
     versions: str
     #: (now, floor, row columns...) of rows above ``:after``; one row of NULL
     #: columns when there are none
@@ -133,7 +133,8 @@ def _common(now: str, key: str = "key", greatest: str = "GREATEST") -> dict[str,
         # reads: never the writers' counter row
         "versions": f"""
             SELECT {now}, (SELECT max(x.revision) FROM {{t}} x),
-                   (SELECT c.value_us FROM {{m}} c WHERE c.{key} = 'controls')""",
+                   (SELECT c.value_us FROM {{m}} c WHERE c.{key} = 'controls'),
+                   (SELECT f.value_us FROM {{m}} f WHERE f.{key} = '{SCHEDULE_FLOOR_KEY}')""",
         "tombstones_delete": _TOMBSTONES_DELETE.replace("f.key", f"f.{key}") % _F,
         "log_delete": _LOG_DELETE,
         "sent_count": f"""

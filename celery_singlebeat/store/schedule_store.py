@@ -166,11 +166,15 @@ class ScheduleStore(StoreConnection):
     def feed_versions(self) -> int:
         """The cheap read a replica makes about once a second: the highest
         revision of the schedules table (``max(revision)`` through its index,
-        not the writers' counter row), returned (0 when there are no rows),
-        and in the same statement the control version, kept in
-        :attr:`.FleetStore.controls_version` as the heartbeat keeps it. One
-        statement, one round trip, on every backend. The default: 0 (and the
-        control version untouched)."""
+        not the writers' counter row) or the prune's floor, whichever is
+        higher, returned (0 when there is neither) and kept in
+        :attr:`schedule_revision`; in the same statement the control version,
+        kept in :attr:`.FleetStore.controls_version` as the heartbeat keeps
+        it. The floor counts because the prune may delete the newest
+        tombstone: the table's top then goes down, and a reader whose cursor
+        is at that delete must still learn that something moved (its feed then
+        says it is incomplete, and it reloads). One statement, one round trip,
+        on every backend. The default: 0 (and the control version untouched)."""
         self.schedule_revision = 0
         return 0
 

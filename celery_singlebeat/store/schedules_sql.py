@@ -290,9 +290,12 @@ class SqlSchedules:
 
     def versions(self) -> int:
         found = self._read("read feed versions", self.sql.versions)
-        _now, top, controls = found[0]
+        _now, top, controls, floor = found[0]
         self.store.controls_version = None if controls is None else int(controls)
-        return 0 if top is None else int(top)
+        # the floor too: once the prune deleted the newest tombstone, the
+        # table's top revision went down, and a reader whose cursor is at that
+        # delete would never hear of it (its feed is incomplete: it reloads)
+        return max(int(top or 0), int(floor or 0))
 
     def log(self, name: str | None, limit: int) -> list[ScheduleLogRow]:
         params: dict[str, Any]

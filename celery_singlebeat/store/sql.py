@@ -534,10 +534,11 @@ class SqlStore(Store):
         rows = self.executor.run("heartbeat", work)
         if not rows:
             return [info.id]
-        _now, version, open_claims, _live, revision = rows[0]
+        _now, version, open_claims, _live, revision, floor = rows[0]
         self.controls_version = None if version is None else int(version)
         self.open_claims = int(open_claims)
-        self.schedule_revision = int(revision or 0)
+        # as feed_versions: the floor too (ScheduleStore.feed_versions)
+        self.schedule_revision = max(int(revision or 0), int(floor or 0))
         if self.backend == "sqlite":
             # one row; the live replicas come as a JSON array
             live = {str(r) for r in json.loads(rows[0][3] or "[]") if r is not None}

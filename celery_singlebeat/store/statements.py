@@ -98,6 +98,9 @@ _CONTROLS = "(SELECT value_us FROM {m} WHERE key = 'controls')"
 #: the stored schedules' highest revision (through its index), which the
 #: heartbeat brings back beside the control version: it counts as a feed read
 _SCHEDULES = "(SELECT max(revision) FROM {d})"
+#: ... and the floor of what the prune kept of them (feed_versions says why)
+_FLOOR = "(SELECT value_us FROM {m} WHERE key = 'schedule_floor')"
+_MY_FLOOR = "(SELECT value_us FROM {m} WHERE `key` = 'schedule_floor')"
 
 
 def _paused(entry: str, now: str) -> str:
@@ -265,7 +268,7 @@ POSTGRESQL = Dialect(
             RETURNING 1
         )
         SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
-               {_SCHEDULES}
+               {_SCHEDULES}, {_FLOOR}
         FROM n LEFT JOIN (
             SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
         ) o ON true""",
@@ -407,7 +410,7 @@ MYSQL = Dialect(
             version = VALUES(version), stopped_us = NULL""",
     heartbeat_read=f"""
         SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
-               {_SCHEDULES}
+               {_SCHEDULES}, {_MY_FLOOR}
         FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT lr.id FROM {{r}} lr WHERE {live_replica(_MY_NOW, "lr")}
         ) o ON true""",
@@ -537,7 +540,7 @@ SQLITE = Dialect(
             heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
         RETURNING seen_us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
             (SELECT json_group_array(lr.id) FROM {{r}} lr
-             WHERE {live_replica(_LITE_NOW, "lr")}), {_SCHEDULES}""",
+             WHERE {live_replica(_LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
     heartbeat_read="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
     catalog_header=f"""

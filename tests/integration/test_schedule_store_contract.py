@@ -374,7 +374,10 @@ def test_after_the_newest_tombstone_is_pruned_a_reload_s_cursor_is_the_floor(
     [gone] = store.write_schedules([ScheduleWrite("delete", "a")], "u")
     wait_db_past(store, gone.updated_us)
     assert store.prune_schedules(0, 10**12) == 1
-    assert store.feed_versions() == 0  # no row left: below any cursor, so nothing new
+    # no row left, but the floor: a reader still at the revision before the
+    # delete must learn that something moved (its feed is incomplete: reload)
+    assert store.feed_versions() == gone.revision
+    assert store.schedule_revision == gone.revision
     assert store.schedule_feed(0).complete is False
     rows, cursor = store.schedule_rows()
     assert (rows, cursor) == ([], gone.revision)

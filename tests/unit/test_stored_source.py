@@ -96,6 +96,10 @@ def test_stored_entries_edited_while_three_replicas_tick(
         schedules.delete("c")
         deleted_us = harness.store.schedule_log("c")[0].at_us
         run.run_until(harness.clock() + 5 * US)
+        # the name re-created: from its new definition on, nothing of the time
+        # it was gone caught up
+        c2 = schedules.upsert("c", TASK, timedelta(seconds=2))
+        run.run_until(harness.clock() + 5 * US)
     finally:
         published = run.published()
     counts = Counter((e, at) for e, at, _ in published)
@@ -107,7 +111,12 @@ def test_stored_entries_edited_while_three_replicas_tick(
     assert not [at for at in b_sent if _us(off.updated) + EFFECT_US < at <= _us(on.updated)]
     assert [at for at in b_sent if at > _us(on.updated)], "not sent again once enabled"
     c_sent = [at for e, at, _ in published if e == "c"]
-    assert c_sent and not [at for at in c_sent if at > deleted_us + EFFECT_US]
+    assert c_sent and not [at for at in c_sent if deleted_us + EFFECT_US < at <= _us(c2.updated)], (
+        "sent while deleted"
+    )
+    assert [at for at in c_sent if at > _us(c2.updated)], "the re-created name never ran"
+    # its runs after re-creation are on its new grid (its new creation instant)
+    assert all((at - _us(c2.created)) % (2 * US) == 0 for at in c_sent if at > _us(c2.updated))
     # every instant of "a" v2 from a second after the edit on: sent, once; an
     # interval's grid is its creation on the database's clock
     anchor, first, last = _us(a1.created), _us(a2.updated) + EFFECT_US, harness.clock() - US
@@ -170,3 +179,37 @@ def test_a_stored_entry_may_not_take_a_beat_schedule_name(
         replica.tick()
     assert replica.entries["clash"].source == "beat_schedule"
     assert "already defines" in caplog.text
+
+
+def test_the_prune_drops_old_tombstones_and_history_and_a_late_replica_reloads(
+    harness_for: Callable[..., Harness],  # noqa: F811
+) -> None:
+    """A deleted entry's tombstone is pruned after singlebeat_retention by the
+    replicas' prune (every 10 minutes); a replica whose cursor is older than
+    that reads every row again and drops what is gone."""
+    harness = harness_for({}, singlebeat_retention=60, singlebeat_schedule_log_retention=86400)
+    simulate(harness, 1)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store)
+    schedules.upsert("kept", TASK, timedelta(minutes=5))
+    gone = schedules.upsert("gone", TASK, timedelta(minutes=5))
+    pruner, late = harness.replica(replica_id="pruner"), harness.replica(replica_id="late")
+    pruner.tick()
+    late.tick()
+    assert {"kept", "gone"} <= set(late.entries)
+    schedules.delete("gone")
+    # the pruner ticks for 11 minutes; the late replica does not tick at all
+    wake = harness.clock()
+    end = harness.clock() + 11 * 60 * US
+    while harness.clock() < end:
+        if wake <= harness.clock():
+            wake = harness.clock() + int(pruner.tick() * US)
+        harness.clock.advance(timedelta(microseconds=max(wake - harness.clock(), 1)))
+    assert harness.store.schedule_row("gone") is None
+    assert [r.name for r in harness.store.schedule_feed(0).rows] == ["kept"]
+    assert "gone" not in pruner.entries
+    # the late replica's cursor is below the floor now: it reads everything again
+    assert gone.revision is not None
+    assert harness.store.schedule_feed(gone.revision).complete is False
+    late.tick()
+    assert "gone" not in late.entries and "kept" in late.entries
