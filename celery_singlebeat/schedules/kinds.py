@@ -186,10 +186,30 @@ def make_crontab(entry: str, texts: tuple[str, ...], zone: str | None) -> cronta
                 problems.append(("schedule.tz", f"unknown time zone {zone!r}"))
     if problems:
         raise InvalidEntry(entry, *problems[0], *problems[1:])
+    never = _never_occurs(texts[2], texts[3])
+    if never is not None:
+        # Celery 5.7 refuses it too, earlier releases build a crontab that never
+        # runs: the same error whichever Celery is installed
+        raise _fail(entry, "crontab", never)
     try:
         return _crontab(texts, zone if zone is None or zone.upper() != "UTC" else "UTC")
     except ValueError as exc:  # "31 February": fields right, no day ever matches
         raise _fail(entry, "crontab", str(exc).strip()) from None
+
+
+#: the most days each month has (February: in a leap year)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _never_occurs(day_of_month: str, month_of_year: str) -> str | None:
+    """Why no day matches (``31 2``: the 31st of February), or None. The day of
+    the week cannot make it worse: a date that exists falls on every weekday
+    in some year."""
+    days = crontab._expand_cronspec(day_of_month, 31, 1)
+    months = crontab._expand_cronspec(month_of_year, 12, 1)
+    if any(day <= _MONTH_DAYS[month - 1] for month in months for day in days):
+        return None
+    return f"day_of_month {day_of_month!r} never occurs in month_of_year {month_of_year!r}"
 
 
 def crontab_texts(schedule: crontab) -> tuple[str, ...]:
