@@ -21,7 +21,6 @@ The broker is the judge:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -81,11 +80,6 @@ def cli(url: str, prefix: str, *args: str, ok: bool = True) -> dict[str, Any]:
         assert "Traceback" not in done.stderr
         return dict(json.loads(done.stdout))
     return {"returncode": done.returncode, "stderr": done.stderr}
-
-
-def behind_pgbouncer(url: str) -> bool:
-    port = os.environ.get("PGBOUNCER_PORT")
-    return bool(port) and f":{port}/" in url
 
 
 def test_pause_resume_and_run_now_from_the_cli_with_three_replicas(
@@ -161,7 +155,9 @@ def test_pause_resume_and_run_now_from_the_cli_with_three_replicas(
     run = cli(pg_url, table_prefix, "run", RARE, "--reason", "catch-up")
     returned = time.time()
     assert run["task_id"] == slot_task_id(RARE, run["slot_us"])
-    bound = LEASE / 3 + 1.0 if behind_pgbouncer(pg_url) else 1.0
+    # within a second on every path: LISTEN where it reaches the replica, the
+    # feed read (every 0.95 s) behind PgBouncer, where it does not
+    bound = 1.0
     message = wait_for(
         lambda: next((m for m in reader.messages() if m.task_id == run["task_id"]), None),
         LEASE + 10,

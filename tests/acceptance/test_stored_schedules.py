@@ -18,6 +18,7 @@ broker afterwards:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -28,9 +29,12 @@ from harness import US, Rig, wait_connected, wait_for
 
 from celery_singlebeat import Schedules
 from celery_singlebeat.exceptions import InvalidEntry
+from celery_singlebeat.store.fleet import Fleet
 
 #: replicas are given up to this long to follow a commit (the promise: 1 s)
 EFFECT_US = 1 * US
+#: how often the broker's reader looks (QueueReader.poll)
+READER_POLL = 0.05
 
 
 @pytest.fixture
@@ -91,6 +95,19 @@ def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
         log = schedules.log("edited")
         assert [row.action for row in log][:2] == ["changed", "created"], log
         assert log[0].why == "version 2" and log[0].by == "test"
+        # run now of a stored entry (in no replica's catalog): sent within a
+        # second of the commit on every database, the feed read's bound
+        fleet = Fleet(schedules.store)  # type: ignore[arg-type]
+        run = fleet.run_now("toggled", by="test", reason="stored")
+        asked = time.time()
+        message = wait_for(
+            lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),
+            10,
+            "the run-now request of a stored entry",
+            interval=0.02,
+        )
+        assert message.entry == "toggled"
+        assert message.received - asked <= 1.0 + READER_POLL, message.received - asked
     for beat in beats:
         beat.stop()
     messages = reader.finish()
