@@ -107,7 +107,8 @@ def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
             interval=0.02,
         )
         assert message.entry == "toggled"
-        assert message.received - asked <= 1.0 + READER_POLL, message.received - asked
+        # plus a quarter second for a tick delayed on a loaded machine
+        assert message.received - asked <= 1.25 + READER_POLL, message.received - asked
     for beat in beats:
         beat.stop()
     messages = reader.finish()
