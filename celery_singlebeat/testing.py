@@ -432,7 +432,9 @@ class MemoryStore(Store):
                     continue
                 if self._pauses and self._paused(key.entry, now):
                     continue
-                if revisions and self._stale(key.entry, revisions.get(key.entry, 0), now):
+                if revisions and self._stale(
+                    key.entry, revisions.get(key.entry, 0), max(now, key.slot_us)
+                ):
                     continue
                 row = self._slots.get(key)
                 if row is None:
@@ -449,15 +451,16 @@ class MemoryStore(Store):
         row = self._schedules.get(entry)
         return row is not None and row.enabled and not row.deleted
 
-    def _stale(self, entry: str, revision: int, now: int) -> bool:
-        """As the SQL claim: a stored entry replaced more than a second ago."""
+    def _stale(self, entry: str, revision: int, latest: int) -> bool:
+        """As the SQL claim: a stored entry replaced more than a second before
+        ``latest`` (the later of now and the slot's instant)."""
         if revision <= 0:
             return False
         row = self._schedules.get(entry)
         return (
             row is not None
             and row.revision != revision
-            and row.updated_us < now - STALE_DEFINITION_US
+            and row.updated_us + STALE_DEFINITION_US < latest
         )
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:

@@ -66,10 +66,11 @@ class SlotStore(StoreConnection):
         entries, the revision of the definition the claimer proposes under: a
         slot of such an entry is not won when its row in the stored schedules
         (:class:`.ScheduleStore`) has another revision, written (or deleted)
-        more than :data:`.STALE_DEFINITION_US` before the database's now, so no
-        slot goes out under a definition replaced more than a second before,
-        whatever the claimer knows. Rows are locked in ``(entry, slot_us)``
-        order so concurrent claims cannot deadlock.
+        more than :data:`.STALE_DEFINITION_US` before the later of the
+        database's now and the slot's instant, so no slot whose instant is
+        more than a second after a definition was replaced goes out under it,
+        whatever the claimer knows (an early claim included). Rows are locked
+        in ``(entry, slot_us)`` order so concurrent claims cannot deadlock.
         """
 
     @abstractmethod

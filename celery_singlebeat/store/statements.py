@@ -119,13 +119,17 @@ def _stored(entry: str) -> str:
                        AND d.deleted = 0 AND d.enabled = 1)"""
 
 
-def _stale(entry: str, revision: str, now: str) -> str:
+def _stale(entry: str, revision: str, latest: str) -> str:
     """True when ``entry`` is a stored entry proposed under ``revision`` (an
     SQL expression; 0 for an entry of no stored schedule) and its row says the
-    definition was replaced more than ``:stale_us`` before ``now``: edited to
-    another revision, disabled or deleted (a tombstone has its own revision)."""
+    definition was replaced more than ``:stale_us`` before ``latest``: edited to
+    another revision, disabled or deleted (a tombstone has its own revision).
+    ``latest`` is the later of the database's now and the slot's instant: a
+    slot may be claimed up to EARLY_TOLERANCE_US before its instant, and no
+    slot whose instant is more than ``:stale_us`` after the replacement may
+    go out under the replaced definition."""
     return f"""({revision} > 0 AND EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
-                   AND d.revision <> {revision} AND d.updated_us < {now} - :stale_us))"""
+                   AND d.revision <> {revision} AND d.updated_us + :stale_us < {latest}))"""
 
 
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
@@ -168,7 +172,7 @@ POSTGRESQL = Dialect(
             CROSS JOIN n
             WHERE c.slot_us > COALESCE(e.last_slot_us, -1) AND c.slot_us <= n.us + :early_us
               AND NOT {_paused("c.entry", "n.us")}
-              AND NOT {_stale("c.entry", "c.revision", "n.us")}
+              AND NOT {_stale("c.entry", "c.revision", "GREATEST(n.us, c.slot_us)")}
             ORDER BY c.entry, c.slot_us
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
@@ -329,7 +333,9 @@ MYSQL = Dialect(
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
           AND c.slot_us <= {_MY_NOW} + :early_us
           AND NOT {_paused("c.entry COLLATE utf8mb4_bin", _MY_NOW)}
-          AND NOT {_stale("c.entry COLLATE utf8mb4_bin", "c.revision", _MY_NOW)}
+          AND NOT {
+        _stale("c.entry COLLATE utf8mb4_bin", "c.revision", f"GREATEST({_MY_NOW}, c.slot_us)")
+    }
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
             batch = IF(state = 0 AND (lease_until_us < VALUES(claimed_us) OR owner = VALUES(owner)),
@@ -463,7 +469,11 @@ SQLITE = Dialect(
           AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
           AND NOT {_paused("json_extract(c.value, '$[0]')", _LITE_NOW)}
           AND NOT {
-        _stale("json_extract(c.value, '$[0]')", "json_extract(c.value, '$[2]')", _LITE_NOW)
+        _stale(
+            "json_extract(c.value, '$[0]')",
+            "json_extract(c.value, '$[2]')",
+            f"max({_LITE_NOW}, json_extract(c.value, '$[1]'))",
+        )
     }
         ORDER BY 1, 2
         ON CONFLICT (entry, slot_us) DO UPDATE
