@@ -105,7 +105,15 @@ class Agenda:
         """Track ``definition`` from its last recorded slot (``state``), or now."""
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
-        start = state.last_slot_us if state.last_slot_us is not None else now_us
+        if state.last_slot_us is not None:
+            start = state.last_slot_us
+        elif definition.since_us is not None:
+            # never sent: its slots count from the definition's commit, not from
+            # when this replica saw it, so a replica that learns of a new entry
+            # late still sends its first slots (the missed-run policy judges them)
+            start = definition.since_us
+        else:
+            start = now_us
         if definition.since_us is not None and definition.since_us > start:
             start = definition.since_us
         self._place(definition, sequence, sequence.next_after(start))
