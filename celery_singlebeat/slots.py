@@ -12,7 +12,9 @@ alone, because the database decides the winner of a slot by its key:
   (:class:`HasSlotSequence`; a stored entry's bounds, :mod:`.slot_bounds`).
 * anything else (``solar``, custom schedules): the schedule's own
   ``remaining_estimate`` evaluated *as of* the previous slot, rounded to the
-  second, which is deterministic for schedules that only depend on that instant.
+  second, which is deterministic for schedules that only depend on that instant
+  (a solar event is asked again from a canonical instant first: ephem's float
+  noise depends on where the search started).
 
 Instants are integers: microseconds since the Unix epoch, UTC (``*_us`` names).
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Any, Protocol
 
-from celery.schedules import crontab
+from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 
 from .clock import US, datetime_to_us, us_to_datetime
@@ -36,6 +38,10 @@ from .exceptions import ScheduleError
 
 #: Namespace of the deterministic task ids (uuid5 of entry name and slot instant).
 TASK_ID_NAMESPACE = uuid.UUID("0b6c8a52-5f0e-4c1c-9a57-6b3c0c4f2d11")
+
+#: How far before an event's hour a solar event is asked again, so that its
+#: slot does not depend on where the search started (:class:`EstimateSequence`).
+SOLAR_SETTLE_US = 3600 * US
 
 #: Message header carrying the slot, so workers can drop a repeat.
 SLOT_HEADER = "singlebeat_slot"
@@ -108,22 +114,60 @@ class CronSequence:
 
 
 class EstimateSequence:
-    """Slots of any other schedule, from ``remaining_estimate`` as of an instant."""
+    """Slots of any other schedule, from ``remaining_estimate`` as of an instant.
 
-    def __init__(self, schedule: object) -> None:
+    ``settle_us`` is for schedules whose estimate carries float noise that
+    depends on the instant it is asked from (``solar``: ephem's iterative search
+    finds one sunset a few hundredths of a second apart when asked from an hour
+    or from a day before it). Rounded to the second, an event that falls near a
+    half second would then become two slots one second apart, asked from two
+    instants, and go out twice. With ``settle_us`` every event found is asked
+    again from a canonical instant (the whole hour ``settle_us`` before the
+    hour the event falls in), so its slot is the same whatever instant led to
+    it. It needs events of the schedule to be over ``2 * settle_us`` apart
+    (one solar event of one kind at one place a day); an event that a
+    schedule puts closer keeps its own rounding.
+    """
+
+    __slots__ = ("schedule", "settle_us")
+
+    def __init__(self, schedule: object, settle_us: int | None = None) -> None:
         self.schedule = schedule
+        self.settle_us = settle_us
 
     def next_after(self, instant_us: int) -> int | None:
-        slot = self._event_us(instant_us)
-        if slot <= instant_us:
-            # The event rounded down onto ``instant_us``: it is the slot that
-            # ``instant_us`` already stands for (asked again from there, the schedule
-            # finds the same sunrise), so the next slot is the event after it.
-            slot = self._event_us(instant_us + US)
-        return slot if slot > instant_us else (instant_us // US + 1) * US
+        # Ask from a second before: an event that happened just before
+        # ``instant_us`` may round to a slot after it, and that slot is still
+        # the first one after ``instant_us``.
+        probe_us = instant_us - US
+        for _ in range(4):
+            event_us = self._event_us(probe_us)
+            slot = self._slot_of(event_us)
+            if slot > instant_us:
+                return slot
+            # that event's slot is at or before ``instant_us``: the next event
+            probe_us = max(probe_us, event_us) + US
+        # A schedule that finds ever the same instant (a custom one that
+        # ignores its ``nowfun``): the next whole second, as before.
+        return (instant_us // US + 1) * US
+
+    def _slot_of(self, event_us: int) -> int:
+        """The slot of the event found at ``event_us``: rounded to the second."""
+        if self.settle_us is not None:
+            hour_us = 3600 * US
+            start_us = event_us // hour_us * hour_us - self.settle_us
+            settled_us = self._event_us(start_us)
+            # The same event asked from the canonical start (float noise apart):
+            # its value settles the slot. Another event (the schedule's events
+            # are closer than the window): keep the first estimate.
+            if abs(settled_us - event_us) < US:
+                event_us = settled_us
+        # Rounding to the nearest second lets replicas that start from
+        # different instants agree on the key.
+        return (event_us + US // 2) // US * US
 
     def _event_us(self, instant_us: int) -> int:
-        """The schedule's next event as of ``instant_us``, to the nearest second."""
+        """The schedule's next event as of ``instant_us``, unrounded."""
         at = us_to_datetime(instant_us)
         pinned = copy.copy(self.schedule)
         pinned.nowfun = lambda: at  # type: ignore[attr-defined]
@@ -131,11 +175,7 @@ class EstimateSequence:
             delta = pinned.remaining_estimate(at)  # type: ignore[attr-defined]
         except Exception as exc:  # user schedules may raise anything
             raise ScheduleError(f"{self.schedule!r}.remaining_estimate failed: {exc!r}") from exc
-        # The event is an absolute instant (e.g. the next sunrise after ``at``);
-        # rounding it to the nearest second lets replicas that start from
-        # different instants, or compute it with float noise, agree on the key.
-        target = datetime_to_us(at + delta)
-        return (target + US // 2) // US * US
+        return datetime_to_us(at + delta)
 
     def latest_at_or_before(self, instant_us: int) -> int | None:
         return None
@@ -189,6 +229,8 @@ def sequence_for(schedule: object, anchor_us: int, tz: tzinfo) -> SlotSequence:
         return IntervalSequence(anchor_us, period_us)
     if isinstance(schedule, crontab):
         return CronSequence(CronFields.from_crontab(schedule, tz))
+    if isinstance(schedule, solar):
+        return EstimateSequence(schedule, settle_us=SOLAR_SETTLE_US)
     if hasattr(schedule, "remaining_estimate"):
         return EstimateSequence(schedule)
     raise ScheduleError(f"unsupported schedule type {type(schedule).__name__}")

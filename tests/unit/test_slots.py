@@ -188,6 +188,30 @@ def test_solar_slots_are_whole_seconds_independent_of_the_start(app: Celery) -> 
         assert abs(datetime_to_us(rising) - slot) <= US // 2 + 1000
 
 
+@pytest.mark.parametrize(
+    ("event", "lat", "lon"),
+    [("sunset", 48.85, 2.35), ("sunrise", -33.87, 151.21), ("dawn_astronomical", 64.15, -21.94)],
+)
+def test_each_solar_event_is_one_slot_from_wherever_it_is_asked(
+    app: Celery, event: str, lat: float, lon: float
+) -> None:
+    # ephem finds one event a few hundredths of a second apart when asked from
+    # different instants; an event near a half second then rounded to two slots
+    # a second apart (Paris, sunset of 2026-03-10: 17:47:57 and :58) and went
+    # out twice. A year of events walked from one instant must be the slots
+    # found from any instant, and from just around each slot.
+    sequence = sequence_for(solar(event, lat, lon, app=app), 0, UTC)
+    year = walk(sequence, utc_us(2026, 1, 1), 366)
+    gaps = [later - earlier for earlier, later in zip(year, year[1:])]
+    assert min(gaps) > 23 * 3600 * US, us_to_datetime(year[gaps.index(min(gaps))])
+    for earlier, slot, later in zip(year, year[1:], year[2:]):
+        assert sequence.next_after((earlier + slot) // 2) == slot
+        for offset in (-US, -US // 2, -1):
+            assert sequence.next_after(slot + offset) == slot
+        for offset in (0, 1, US // 2):
+            assert sequence.next_after(slot + offset) == later
+
+
 class QuarterHourPlus:
     """A custom schedule: events at every quarter hour plus ``fraction_us``."""
 

@@ -271,12 +271,6 @@ def test_the_jitter_is_shorter_than_the_shortest_gap(
         assert refused(schedule, jitter=jitter).field == "jitter"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="slots.EstimateSequence finds some sunsets twice, 1 s apart (Paris, "
-    "2026-03-10 17:47:57 and :58: ephem's float noise across the rounding), so the "
-    "shortest gap is 1 s and a solar jitter is refused until that is fixed",
-)
 def test_a_solar_jitter_is_bounded_by_its_days() -> None:
     sunset = solar("sunset", 48.85, 2.35)
     assert entry(sunset, jitter=timedelta(hours=23)).jitter == timedelta(hours=23)
