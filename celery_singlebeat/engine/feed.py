@@ -28,8 +28,8 @@ from .controls import Controls
 #: few milliseconds on top: under a second, so that even the slowest stays
 #: within one. A sweep due before the next read comes at the read instead (its
 #: heartbeat brings the same versions back), so idle a replica sends one
-#: statement per 0.95 s, heartbeats included (two per sweep on MySQL/MariaDB,
-#: whose heartbeat is an upsert and a read)
+#: statement per 0.95 s, heartbeats included (two per sweep on MySQL, whose
+#: heartbeat is an upsert and a read: it has no RETURNING; MariaDB's is one)
 READ_EVERY_S = 0.95
 
 #: seconds between two reads while a listening connection hears each commit

@@ -47,6 +47,9 @@ class Dialect:
     #: a second statement
     heartbeat: str
     heartbeat_read: str
+    #: MariaDB 10.5+ only: the upsert and the read in one statement (its
+    #: ``INSERT ... RETURNING``); MySQL has no RETURNING and keeps the two
+    heartbeat_returning: str
     stopped: str
     #: upsert the catalog's header row (``:catalog``, ``:entries``) with now
     catalog_header: str
@@ -277,6 +280,7 @@ POSTGRESQL = Dialect(
             SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
         ) o ON true""",
     heartbeat_read="",
+    heartbeat_returning="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_PG_NOW} WHERE id = :id",
     catalog_header=f"""
         INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_PG_NOW})
@@ -402,7 +406,7 @@ MYSQL = Dialect(
         SELECT {_MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
         ) o ON true""",
-    # no RETURNING, no writing CTE: the upsert, then the read
+    # MySQL has no RETURNING, no writing CTE: the upsert, then the read
     heartbeat=f"""
         INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
             offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
@@ -420,6 +424,23 @@ MYSQL = Dialect(
         FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT lr.id FROM {{r}} lr WHERE {live_replica(_MY_NOW, "lr")}
         ) o ON true""",
+    # MariaDB refuses a subquery on the table an INSERT writes (error 1093)
+    # unless a derived table materialises it; RETURNING is evaluated after the
+    # upsert, so the live list includes this replica's fresh row
+    heartbeat_returning=f"""
+        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
+            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
+        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
+            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
+        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
+            lost_writes = VALUES(lost_writes),
+            catalog = COALESCE(VALUES(catalog), catalog),
+            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
+            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
+            version = VALUES(version), stopped_us = NULL
+        RETURNING seen_us, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+            (SELECT live.ids FROM (SELECT JSON_ARRAYAGG(lr.id) AS ids FROM {{r}} lr
+             WHERE {live_replica(_MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
     stopped=f"UPDATE {{r}} SET stopped_us = {_MY_NOW} WHERE id = :id",
     catalog_header=f"""
         INSERT INTO {{h}} (id, entries, published_us) VALUES (:catalog, :entries, {_MY_NOW})
@@ -552,6 +573,7 @@ SQLITE = Dialect(
             (SELECT json_group_array(lr.id) FROM {{r}} lr
              WHERE {live_replica(_LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
     heartbeat_read="",
+    heartbeat_returning="",
     stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
     catalog_header=f"""
         INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_LITE_NOW})
