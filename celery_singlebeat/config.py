@@ -171,8 +171,9 @@ SETTINGS: tuple[Setting, ...] = (
         "singlebeat_listen",
         "bool",
         True,
-        "PostgreSQL: hear of pauses, resumes and run-now requests at once (LISTEN/NOTIFY on "
-        "one extra connection). Turn off behind a pooler in transaction mode.",
+        "PostgreSQL: hear of changes and controls at once (LISTEN/NOTIFY on one extra "
+        "connection, proven by a probe: a pooler in transaction mode is found and left). "
+        "Off skips the attempt.",
     ),
     Setting(
         "singlebeat_schedules",
@@ -459,8 +460,9 @@ class Settings:
     #: SingletonTask: finished run rows (per-slot dedupe) and idle key rows are
     #: kept this long; a slot delivered again later than this runs again.
     run_retention: timedelta = timedelta(seconds=setting_default("singlebeat_run_retention"))
-    #: PostgreSQL: hear of control changes at once (LISTEN/NOTIFY) on one extra
-    #: connection; off behind a pooler in transaction mode, which cannot carry it
+    #: PostgreSQL: hear of changes at once (LISTEN/NOTIFY) on one extra
+    #: connection, which a probe proves (a pooler in transaction mode cannot
+    #: carry it); off skips the attempt
     listen: bool = setting_default("singlebeat_listen")
     #: follow the entries stored in the database (stored schedules)
     schedules: bool = setting_default("singlebeat_schedules")

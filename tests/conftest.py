@@ -8,9 +8,13 @@ every backend was exercised.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -130,3 +134,35 @@ def redis_url() -> str:
 def amqp_url() -> str:
     require("rabbitmq")
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url() -> Iterator[str]:
+    """A PgBouncer of the test session's own, in transaction pooling mode, in
+    front of the PostgreSQL on 127.0.0.1:5432 (``.ci/pgbouncer.sh``): for the
+    tests of what a pooler breaks (LISTEN), which ``make test`` runs too. One
+    per xdist worker, each on its own port."""
+    require("postgres")
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.access(binary, os.X_OK):
+        message = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: a missing service is a failure)")
+        pytest.skip(message)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    port = 6440 + int(worker or 0)
+    script = Path(__file__).resolve().parents[1] / ".ci" / "pgbouncer.sh"
+    workdir = tempfile.mkdtemp(prefix="sb-pgbouncer-")
+    env = {
+        **os.environ,
+        "PGBOUNCER_PORT": str(port),
+        "PGBOUNCER_DIR": workdir,
+        "PG_HOST": "127.0.0.1",
+        "PG_PORT": "5432",
+    }
+    subprocess.run([str(script), "start"], env=env, check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
+    finally:
+        subprocess.run([str(script), "stop"], env=env, check=False, capture_output=True)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -19,6 +19,15 @@ from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 
+#: seconds a listener's probe may take to come back before the channel is
+#: judged deaf: a notification arrives within milliseconds of its commit, and
+#: a replica polls its listener every LISTEN_POLL_S
+PROBE_WAIT_S = 2.0
+
+#: seconds between two probes of a channel that heard its last one: a
+#: listening connection can go deaf later too (a middlebox that forgot it)
+PROBE_EVERY_S = 60.0
+
 
 class Controls:
     """The pauses in force, the control version they go with, the listener."""
@@ -33,6 +42,12 @@ class Controls:
         self.listening = ctx.settings.listen
         self.listener: ControlListener | None = None
         self._listen_retry_at = 0.0
+        #: the listener's probe: when the next is due, and by when the one
+        #: sent must have come back (None: none outstanding)
+        self._next_probe = 0.0
+        self._probe_deadline: float | None = None
+        #: whether the listener open now has heard a probe of its own yet
+        self._proven = False
 
     def read(self) -> None:
         """Read the pauses in force; remember the control version they go with."""
@@ -93,8 +108,17 @@ class Controls:
             if self.listener is None:
                 self.listening = False  # no such thing here
                 return False
+            self._next_probe, self._probe_deadline, self._proven = monotonic, None, False
         try:
-            return bool(self.listener.poll())
+            heard = bool(self.listener.poll())
+            self._check_probe(monotonic)
+            return heard
+        except StoreUnavailable as exc:
+            # the probe's statement failed: the database is away, which the
+            # tick reports; the channel is proven again once it is back
+            logger.debug("singlebeat: probing the listening connection failed: %s", exc)
+            self._next_probe = monotonic + ctx.sweep_every
+            return False
         except Exception as exc:
             logger.info(
                 "singlebeat: the connection listening for control changes was lost (%s); "
@@ -104,6 +128,45 @@ class Controls:
             )
             self.close()
             return False
+
+    def _check_probe(self, monotonic: float) -> None:
+        """Prove the listening channel: send a probe when one is due, and close
+        the channel when its probe did not come back in time. A channel deaf
+        from the start is a pooler that cannot carry LISTEN: listening stops
+        for good (the feed reads every READ_EVERY_S instead); one that heard
+        before and went deaf is opened again at the next sweep."""
+        listener = self.listener
+        assert listener is not None
+        if self._probe_deadline is None:
+            if monotonic >= self._next_probe:
+                listener.probe()
+                self._probe_deadline = monotonic + PROBE_WAIT_S
+            return
+        if listener.probe_heard:
+            self._probe_deadline = None
+            self._proven = True
+            self._next_probe = monotonic + PROBE_EVERY_S
+            return
+        if monotonic < self._probe_deadline:
+            return
+        if self._proven:
+            logger.info(
+                "singlebeat: the connection listening for changes stopped hearing "
+                "(its probe did not come back within %gs); listening again in %gs",
+                PROBE_WAIT_S,
+                self.ctx.sweep_every,
+            )
+        else:
+            logger.warning(
+                "singlebeat: the connection listening for changes hears nothing (its "
+                "probe did not come back within %gs: a pooler in transaction mode, such "
+                "as PgBouncer, cannot carry LISTEN); changes are read from the database "
+                "about once a second instead; set singlebeat_listen = False to skip "
+                "the attempt",
+                PROBE_WAIT_S,
+            )
+            self.listening = False
+        self.close()
 
     def is_paused(self, entry: str, now_us: int) -> bool:
         """As the pauses last read say (the claim itself is what enforces them)."""

@@ -42,14 +42,20 @@ class Feed:
     def __init__(self, ctx: ReplicaContext, controls: Controls) -> None:
         self.ctx = ctx
         self.controls = controls
-        #: when the next read is due (monotonic)
-        self.next_read = 0.0
+        #: when both versions were last read, by this step or another (monotonic)
+        self.last_read: float | None = None
         #: statements this step sent (the idle-cost benchmark reads it)
         self.reads = 0
 
     def every(self) -> float:
         """Seconds between reads now: a backstop while a listener hears commits."""
         return BACKSTOP_S if self.controls.listener is not None else READ_EVERY_S
+
+    @property
+    def next_read(self) -> float:
+        """When the next read is due (monotonic): from the last, at the period
+        of now, so that a listener found deaf brings the next read forward."""
+        return 0.0 if self.last_read is None else self.last_read + self.every()
 
     def due(self, monotonic: float, heard: bool) -> bool:
         """Whether this tick reads: its turn came round, or a commit was heard."""
@@ -59,7 +65,7 @@ class Feed:
         """Read both versions; True when the controls changed (the caller makes
         the next tick sweep: a run-now request is a row the sweep takes over).
         The stored entries' changes are the change watch's to read next."""
-        self.next_read = monotonic + self.every()
+        self.last_read = monotonic
         # a store written for an earlier release answers 0: no stored entries
         self.ctx.connected_store.feed_versions()
         self.reads += 1
@@ -68,7 +74,7 @@ class Feed:
     def read_elsewhere(self, monotonic: float) -> None:
         """A statement of another step (the heartbeat) brought both versions
         back: the next read can wait a whole period from now."""
-        self.next_read = max(self.next_read, monotonic + self.every())
+        self.last_read = monotonic if self.last_read is None else max(self.last_read, monotonic)
 
 
 __all__ = ["BACKSTOP_S", "READ_EVERY_S", "Feed"]

@@ -268,6 +268,8 @@ class FleetDialect:
     controls_read: str
     #: PostgreSQL: wakes the replicas that LISTEN (delivered at commit); "" elsewhere
     notify: str
+    #: PostgreSQL: a listener's probe, ``:payload`` on ``:channel``; "" elsewhere
+    probe: str
     leases: str
     lease_row: str
     lease_release: str
@@ -352,6 +354,7 @@ POSTGRESQL = FleetDialect(
         INSERT INTO {m} AS m (key, value_us) VALUES ('controls', 1)
         ON CONFLICT (key) DO UPDATE SET value_us = m.value_us + 1""",
     notify="SELECT pg_notify(:channel, '')",
+    probe="SELECT pg_notify(:channel, :payload)",
     **{**_COMMON, "status_entries": _PG_STATUS_ENTRIES},
 )
 
@@ -383,6 +386,7 @@ MYSQL = FleetDialect(
         INSERT INTO {m} (`key`, value_us) VALUES ('controls', 1)
         ON DUPLICATE KEY UPDATE value_us = value_us + 1""",
     notify="",
+    probe="",
     **{
         **_COMMON,
         "controls_read": "SELECT m.value_us FROM {m} m WHERE m.`key` = 'controls'",
@@ -413,6 +417,7 @@ SQLITE = FleetDialect(
         INSERT INTO {m} (key, value_us) VALUES ('controls', 1)
         ON CONFLICT (key) DO UPDATE SET value_us = value_us + 1""",
     notify="",
+    probe="",
     **_COMMON,
 )
 

@@ -47,6 +47,26 @@ class ControlListener(ABC):
     def close(self) -> None:
         """Release the channel. Idempotent, and quiet on a channel already lost."""
 
+    def probe(self) -> None:
+        """Send, by a statement on the store's own connections (never this
+        channel's), a notification only this listener knows, so that the
+        caller learns whether the channel hears at all: a pooler in
+        transaction mode (PgBouncer) takes a LISTEN to a server connection it
+        then hands to other clients, and nothing reaches this one again, with
+        no error to tell. :attr:`probe_heard` then says whether it arrived
+        (:meth:`poll` reads it; it is not a control change). Raises
+        :class:`~celery_singlebeat.exceptions.StoreUnavailable` when the
+        statement fails. The default sends nothing: a channel that cannot be
+        deaf.
+        """
+        return None
+
+    @property
+    def probe_heard(self) -> bool:
+        """Whether the notification of the last :meth:`probe` has arrived
+        (by the last :meth:`poll`); the default: always."""
+        return True
+
 
 class FleetStore(StoreConnection):
     """The replica rows, catalogs and controls of the fleet sharing the database."""

@@ -638,8 +638,22 @@ class SqlStore(Store):
             raise StoreUnavailable(
                 self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
             ) from None
+        channel = controls_channel(self.tables.prefix)
+
+        def send(payload: str) -> None:
+            # through the pool, never the listening connection: behind a
+            # pooler, a NOTIFY of the listener's own could run on the very
+            # server connection its LISTEN left behind and come back to it
+            self.executor.run(
+                "probe the listening connection",
+                lambda conn: conn.execute(
+                    self.executor.text(self.fleet_sql.probe),
+                    {"channel": channel, "payload": payload},
+                ),
+            )
+
         try:
-            return PostgresControlListener(driver, controls_channel(self.tables.prefix))
+            return PostgresControlListener(driver, channel, send)
         except Exception as exc:
             with suppress(Exception):
                 driver.close()

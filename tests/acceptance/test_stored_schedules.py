@@ -227,3 +227,50 @@ def test_a_single_run_is_sent_once_when_its_sender_is_killed_after_the_claim(
     assert [m.at_us for m in sent] == [at_us], sent
     row = db.rows()[("once", at_us)]
     assert row.fence >= 2, row  # taken over, not sent by the killed claimer
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_an_idle_fleet_behind_pgbouncer_follows_a_change_within_a_second(
+    rig: Rig, pgbouncer_url: str, redis_url: str, table_prefix: str
+) -> None:
+    """Behind PgBouncer in transaction pooling mode a replica's LISTEN
+    succeeds and hears nothing. Each replica finds that out by its probe and
+    reads the change feed every 0.95 s instead of every 5 s. With nothing due
+    (no claim brings the versions back), a run-now request and an entry added
+    to run 1.5 s after its commit still go out on time, once."""
+    reader, _db, env = rig.fleet(f"{redis_url}/6", pgbouncer_url, table_prefix, SB_ENTRIES="0")
+    beats = [rig.start_beat(env, f"pooled-{i}") for i in range(2)]
+    wait_connected(beats)
+    wait_for(
+        lambda: all("hears nothing" in b.log() for b in beats),
+        15,
+        "both replicas to find their LISTEN deaf",
+        interval=0.2,
+    )
+    with Schedules(pgbouncer_url, table_prefix=table_prefix, by="test") as schedules:
+        schedules.upsert("rare", "beatapp.probe", timedelta(hours=1), kwargs={"i": 0})
+        at = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+        schedules.upsert("once", "beatapp.probe", at, kwargs={"i": 1})
+        wait_for(
+            lambda: [m for m in reader.messages() if m.entry == "once"],
+            10,
+            "the single run",
+            interval=0.05,
+        )
+        run = Fleet(schedules.store).run_now("rare", by="test", reason="idle")  # type: ignore[arg-type]
+        asked = time.time()
+        message = wait_for(
+            lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),
+            10,
+            "the run-now request",
+            interval=0.02,
+        )
+        # the feed read's second, plus a quarter second for a loaded machine
+        assert message.received - asked <= 1.25 + READER_POLL, message.received - asked
+    for beat in beats:
+        beat.stop()
+    messages = reader.finish()
+    assert [m.at_us for m in messages if m.entry == "once"] == [int(at.timestamp() * US)]
+    assert [m.at_us for m in messages if m.entry == "rare"] == [run.slot_us]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from conftest import direct_engine
 from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
 
 from celery_singlebeat.clock import US
@@ -319,3 +320,61 @@ def test_a_listener_raises_once_its_connection_is_gone(backend: Backend) -> None
         first.close()
         second.close()
     first.close()  # quiet on a connection already lost
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_listener_hears_its_own_probe_which_is_no_control_change(backend: Backend) -> None:
+    """The probe proves the channel: it comes back to the listener that sent
+    it (``probe_heard``), is not reported as a change by any listener, and
+    does not count as heard for another listener's probe."""
+    store = backend.ready()
+    first, second = store.listen(), store.listen()
+    assert isinstance(first, ControlListener) and isinstance(second, ControlListener)
+    try:
+        second.probe()
+        first.probe()
+        assert not first.probe_heard
+        changes = []
+
+        def back() -> bool:
+            changes.extend([first.poll(), second.poll()])
+            return first.probe_heard and second.probe_heard
+
+        wait_for(back, "both probes back")
+        assert not any(changes), "a probe was reported as a control change"
+        first.probe()  # a new token: the one heard before no longer counts
+        assert not first.probe_heard
+        wait_for(lambda: (first.poll(), first.probe_heard)[1], "the second probe back")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_behind_pgbouncer_in_transaction_mode_a_listener_hears_nothing_but_its_probe_tells(
+    pgbouncer_url: str, table_prefix: str
+) -> None:
+    """Why the probe exists: through a real PgBouncer in transaction pooling
+    mode the LISTEN succeeds, and neither a control change nor the probe ever
+    reaches the listener, without an error."""
+    store = SqlStore(make_url(pgbouncer_url), table_prefix=table_prefix)
+    try:
+        store.prepare(create=True)
+        listener = store.listen()
+        assert isinstance(listener, ControlListener)
+        try:
+            listener.probe()
+            Fleet(store).pause([PAUSE_ALL], None, by="op")
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert listener.poll() is False
+                assert not listener.probe_heard
+                time.sleep(0.05)
+        finally:
+            listener.close()
+    finally:
+        store.close()
+        engine = direct_engine(pgbouncer_url)
+        try:
+            Tables(table_prefix).metadata.drop_all(engine)
+        finally:
+            engine.dispose()

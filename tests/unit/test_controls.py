@@ -8,6 +8,7 @@ scheduler loop, their messages read back from kombu's memory broker.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -15,9 +16,12 @@ import pytest
 from test_scheduler import Harness, every, harness_for, monotonic_shift  # noqa: F401
 
 from celery_singlebeat.clock import US
+from celery_singlebeat.engine.controls import PROBE_EVERY_S, PROBE_WAIT_S
+from celery_singlebeat.engine.feed import BACKSTOP_S, READ_EVERY_S
 from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.slots import slot_task_id
-from celery_singlebeat.store.base import PAUSE_ALL
+from celery_singlebeat.store.base import PAUSE_ALL, ControlListener
+from celery_singlebeat.testing import MemoryScheduler
 
 SECOND = timedelta(seconds=1)
 FALLBACK = timedelta(microseconds=FALLBACK_DELAY_US)
@@ -182,3 +186,135 @@ def test_an_idle_sweep_with_no_claimed_row_anywhere_skips_the_takeover(
     sent = run(harness, [replica], 6, shift)
     assert taken and [m.entry for m in sent] == ["hourly"]
     replica.close()
+
+
+# -- the listening channel, proven by probes ----------------------------------
+
+
+class FakeListener(ControlListener):
+    """A listening channel whose probes come back (``hears``) or never do
+    (a pooler in transaction mode); ``changes`` are control changes to report."""
+
+    def __init__(self, hears: bool) -> None:
+        self.hears = hears
+        self.probes = 0
+        self.closed = False
+        self.changes = 0
+        self._pending = False
+        self._heard = False
+
+    def poll(self) -> bool:
+        if self._pending and self.hears:
+            self._pending, self._heard = False, True
+        changed, self.changes = self.changes > 0, 0
+        return changed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def probe(self) -> None:
+        self.probes += 1
+        self._pending, self._heard = True, False
+
+    @property
+    def probe_heard(self) -> bool:
+        return self._heard
+
+
+def listening_replica(
+    harness: Harness, listeners: list[FakeListener], hears: list[bool]
+) -> MemoryScheduler:
+    """A replica whose store opens a FakeListener for each ``listen()``, hearing
+    or deaf in the order of ``hears``."""
+
+    def listen() -> FakeListener:
+        listener = FakeListener(hears[len(listeners)])
+        listeners.append(listener)
+        return listener
+
+    harness.store.listen = listen  # type: ignore[method-assign]
+    return harness.replica()
+
+
+def tick_for(replica: MemoryScheduler, shift: list[float], seconds: float, step: float) -> None:
+    for _ in range(round(seconds / step)):
+        shift[0] += step
+        replica.tick()
+
+
+def test_a_channel_whose_probe_never_comes_back_is_dropped_for_the_feed_read(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind PgBouncer in transaction mode a LISTEN succeeds and nothing ever
+    arrives: the replica's first probe does not come back within
+    PROBE_WAIT_S, so it closes the channel, stops listening (a warning says
+    why and names the setting) and reads the feed every READ_EVERY_S, not every
+    BACKSTOP_S."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [False])
+    engine = replica.engine
+    replica.tick()
+    (deaf,) = listeners
+    assert engine.feed.every() == BACKSTOP_S and deaf.probes == 1
+    tick_for(replica, shift, PROBE_WAIT_S - 0.5, 0.25)
+    assert not deaf.closed, "judged deaf before the probe's time was up"
+    tick_for(replica, shift, 1.0, 0.25)
+    assert deaf.closed and engine.controls.listener is None
+    assert not engine.controls.listening
+    assert "hears nothing" in caplog.text and "singlebeat_listen = False" in caplog.text
+    assert engine.feed.every() == READ_EVERY_S
+    reads = engine.feed.reads
+    tick_for(replica, shift, 10 * READ_EVERY_S, 0.05)
+    # about one a READ_EVERY_S, less the sweeps' heartbeats that read for it
+    # (every BACKSTOP_S there would be 2)
+    assert engine.feed.reads - reads >= 7
+    assert engine.feed.next_read - engine.feed.last_read == pytest.approx(READ_EVERY_S)
+    assert len(listeners) == 1, "a deaf channel was opened again"
+
+
+def test_a_channel_that_hears_its_probes_is_kept_and_proven_every_minute(
+    harness_for: Callable[..., Harness],
+) -> None:
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [True])
+    replica.tick()
+    (good,) = listeners
+    tick_for(replica, shift, 3 * PROBE_EVERY_S + 3, 0.5)
+    assert not good.closed and replica.engine.controls.listener is good
+    assert good.probes == 4  # at the start, then once a PROBE_EVERY_S
+    assert replica.engine.feed.every() == BACKSTOP_S
+    # a control change it hears makes the next tick read the versions at once
+    # (by a read, or by a sweep's heartbeat), not at the next backstop read
+    feed = replica.engine.feed
+    last = feed.last_read
+    while feed.last_read == last:  # just after a periodic read or sweep
+        tick_for(replica, shift, 0.01, 0.01)
+    last = feed.last_read
+    good.changes = 1
+    tick_for(replica, shift, 0.01, 0.01)
+    assert feed.last_read is not None and last is not None and feed.last_read > last
+
+
+def test_a_channel_that_went_deaf_later_is_opened_again(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A channel that heard its probes and then stopped (a middlebox forgot the
+    connection) is closed and opened again at the next sweep; listening goes on."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [True, True])
+    replica.tick()
+    first = listeners[0]
+    tick_for(replica, shift, 1.0, 0.25)
+    first.hears = False
+    tick_for(replica, shift, PROBE_EVERY_S + PROBE_WAIT_S + replica.engine.ctx.sweep_every, 0.5)
+    assert first.closed and "stopped hearing" in caplog.text
+    assert len(listeners) == 2 and replica.engine.controls.listener is listeners[1]
+    assert replica.engine.controls.listening
