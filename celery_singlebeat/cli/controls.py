@@ -7,26 +7,14 @@ notifies them).
 
 from __future__ import annotations
 
-import getpass
-import socket
-
 import click
 
+from ..author import default_author
 from . import output
 from .connect import fleet_of
 from .durations import InstantOrDuration, When
 from .group import singlebeat
 from .status import json_option
-
-
-def default_by() -> str:
-    """``user@host`` of whoever runs the command (``--by`` overrides it)."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no login name (a container without a passwd entry)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"[:120]
-
 
 by_option = click.option(
     "--by", default=None, metavar="WHO", help="Who asks, as recorded (default: user@host)."
@@ -78,7 +66,7 @@ def pause_command(
         result = fleet.pause(
             names,
             None if until is None or until.relative else until.value_us,
-            by or default_by(),
+            by or default_author(),
             reason,
             for_us=until.value_us if until is not None and until.relative else None,
         )
@@ -157,7 +145,7 @@ def run_command(ctx: click.Context, entry: str, reason: str, by: str | None, as_
     singlebeat_lease), with the entry's task, arguments and options, under the
     task id printed here. Refused while the entry is paused."""
     with fleet_of(ctx) as fleet:
-        result = fleet.run_now(entry, by or default_by(), reason)
+        result = fleet.run_now(entry, by or default_author(), reason)
         if as_json:
             output.emit_json(
                 {

@@ -18,12 +18,11 @@ applies only if the entry is still at ``R`` and otherwise raises
 from __future__ import annotations
 
 import builtins
-import getpass
-import socket
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..author import MAX_AUTHOR, default_author
 from ..config import Settings
 from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
 from ..store.schedule_store import ScheduleStore
@@ -41,15 +40,6 @@ _RETRIES = 3
 #: the fields of a limited entry (``max_runs``) that decide which instants are
 #: its runs: fixed once it has run, so that it runs exactly that many times
 _RUNS_DEFINE = ("schedule", "start", "max_runs", "jitter")
-
-
-def default_author() -> str:
-    """Who edits, when the caller does not say: ``user@host``."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no login name in a bare container
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"[:120]
 
 
 class Schedules:
@@ -71,7 +61,7 @@ class Schedules:
         table_prefix: str | None = None,
         static_names: Iterable[str] = (),
     ) -> None:
-        self.by = (by or default_author())[:120]
+        self.by = (by or default_author())[:MAX_AUTHOR]
         self._static = set(static_names)
         self._owned = store is None
         self.default_tz: Any = None

@@ -1,0 +1,22 @@
+"""Who made a change, when the caller does not say: a leaf, so that the
+operator's CLI and the stored schedules' API record the same default."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+
+#: the width of every ``by`` column (pauses, run-now requests, schedule history)
+MAX_AUTHOR = 120
+
+
+def default_author() -> str:
+    """``user@host`` of the process, cut to :data:`MAX_AUTHOR` characters."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name (a container without a passwd entry)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[:MAX_AUTHOR]
+
+
+__all__ = ["MAX_AUTHOR", "default_author"]
