@@ -448,64 +448,43 @@ def edit_command(
     _report(saved, "changed", as_json)
 
 
-def _toggle(
-    ctx: click.Context,
-    name: str,
-    on: bool,
-    if_revision: int | None,
-    why: str,
-    by: str | None,
-    as_json: bool,
-) -> None:
-    with schedules_of(ctx, by) as schedules:
+def change_options(f: Any) -> Any:
+    """The options of a change to one stored entry by name (enable, disable,
+    rm): the guard revision, why, by whom, and ``--json``."""
+    for option in (click.pass_context, json_option, by_option, why_option, revision_option):
+        f = option(f)
+    return click.argument("name")(f)
+
+
+def _toggle(ctx: click.Context, name: str, on: bool, change: dict[str, Any]) -> None:
+    with schedules_of(ctx, change["by"]) as schedules:
         saved = (schedules.enable if on else schedules.disable)(
-            name, if_revision=if_revision, why=why
+            name, if_revision=change["if_revision"], why=change["why"]
         )
-    _report(saved, "enabled" if on else "disabled", as_json)
+    _report(saved, "enabled" if on else "disabled", change["as_json"])
 
 
 @schedules_group.command(name="enable")
-@click.argument("name")
-@revision_option
-@why_option
-@by_option
-@json_option
-@click.pass_context
-def enable_command(
-    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
-) -> None:
+@change_options
+def enable_command(ctx: click.Context, /, name: str, **change: Any) -> None:
     """Send NAME again from its next run (the disabled span is not caught up)."""
-    _toggle(ctx, name, True, if_revision, why, by, as_json)
+    _toggle(ctx, name, True, change)
 
 
 @schedules_group.command(name="disable")
-@click.argument("name")
-@revision_option
-@why_option
-@by_option
-@json_option
-@click.pass_context
-def disable_command(
-    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
-) -> None:
+@change_options
+def disable_command(ctx: click.Context, /, name: str, **change: Any) -> None:
     """Stop sending NAME from the replicas' next tick; it stays stored."""
-    _toggle(ctx, name, False, if_revision, why, by, as_json)
+    _toggle(ctx, name, False, change)
 
 
 @schedules_group.command(name="rm")
-@click.argument("name")
-@revision_option
-@why_option
-@by_option
-@json_option
-@click.pass_context
-def rm_command(
-    ctx: click.Context, name: str, if_revision: int | None, why: str, by: str | None, as_json: bool
-) -> None:
+@change_options
+def rm_command(ctx: click.Context, /, name: str, **change: Any) -> None:
     """Remove NAME (its history stays)."""
-    with schedules_of(ctx, by) as schedules:
-        schedules.delete(name, if_revision=if_revision, why=why)
-    if as_json:
+    with schedules_of(ctx, change["by"]) as schedules:
+        schedules.delete(name, if_revision=change["if_revision"], why=change["why"])
+    if change["as_json"]:
         output.emit_json({"removed": name})
     else:
         click.echo(f"removed {name!r}")
