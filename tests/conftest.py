@@ -166,3 +166,16 @@ def pgbouncer_url() -> Iterator[str]:
     finally:
         subprocess.run([str(script), "stop"], env=env, check=False, capture_output=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Any]:
+    """The acceptance tests' ``harness.Rig`` in the test's directory: every
+    process of it stopped, every queue and table of it dropped at the end."""
+    from harness import Rig  # tests/acceptance, on the path for its tests
+
+    rig = Rig(tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.close()

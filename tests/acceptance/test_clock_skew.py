@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,15 +38,6 @@ def _libfaketime() -> str:
     if IN_CI:
         pytest.fail(message + "; .ci/run installs it")
     pytest.skip(message)
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,15 +48,6 @@ LEASE_US = int(LEASE * US)
 #: how late an arrival may be measured: reader poll (0.05 s) plus scheduling
 #: jitter of three beats and the test on a shared 2-core machine
 SLACK = 0.5
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _wait_db_time(db: Db, until_us: int, beats: list[BeatProcess]) -> None:

@@ -14,8 +14,6 @@ the other replicas run, called with a retention shorter than the cut.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fleet_rows import FleetRows
@@ -29,15 +27,6 @@ RARE = "rare-0"
 #: the retention the others prune with: shorter than the cut below
 RETENTION_S = 2.0
 CUT_S = RETENTION_S + 2.0
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _refused(fleet: Fleet, entry: str) -> str | None:

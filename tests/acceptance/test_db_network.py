@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from harness import (
@@ -33,15 +32,6 @@ PERIOD_US = US
 #: short enough that a claim left unconfirmed by the partitioned replica is
 #: taken over within the test, long enough that no restart reaches it
 LEASE = 6.0
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 @pytest.fixture

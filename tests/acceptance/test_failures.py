@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from harness import (
@@ -42,15 +40,6 @@ from celery_singlebeat.slots import slot_task_id
 PERIOD_US = US
 LEASE = 3.0
 LEASE_US = int(LEASE * US)
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _wait_db_time(db: Db, until_us: int, beats: list[BeatProcess], interval: float = 0.2) -> None:

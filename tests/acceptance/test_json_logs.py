@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,15 +17,6 @@ from celery_singlebeat.clock import us_to_datetime
 from celery_singlebeat.slots import slot_task_id
 
 SENT = ("won", "took_over")
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _iso(slot_us: int) -> str:

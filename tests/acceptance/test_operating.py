@@ -26,11 +26,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from harness import US, Rig, wait_connected, wait_for
 
 from celery_singlebeat.slots import slot_task_id
@@ -45,15 +42,6 @@ READER_POLL = 0.05
 #: not the entry's first propose it (sharing.FALLBACK_DELAY_US), in µs
 PROPOSE_ERROR = 100_000
 FALLBACK = 250_000
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def cli(url: str, prefix: str, *args: str, ok: bool = True) -> dict[str, Any]:

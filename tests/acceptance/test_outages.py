@@ -14,8 +14,6 @@ import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -39,15 +37,6 @@ from sqlalchemy.engine import make_url
 from celery_singlebeat.slots import slot_task_id
 
 PERIOD_US = US
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _via(url: str, port: int) -> str:

@@ -12,10 +12,7 @@ other instant of version 2's. The broker is the judge.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from harness import US, BeatProcess, Db, Rig, check_slots, interval_slots, publish_counts, wait_for
 
 ROLL = "roll-0"
@@ -30,15 +27,6 @@ CLAIM_US = US
 #: 1 claims one every 2 s), and a slot within the grace is still on time: version
 #: 2 may send an instant of its own from up to 2 s before it connected
 START_SLACK_US = 3 * US
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _connected(beat: BeatProcess, db: Db) -> int:

@@ -87,15 +87,6 @@ def rejecting(request: pytest.FixtureRequest) -> Iterator[Rejecting]:
         engine.dispose()
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
-
-
 def no_secret(output: str) -> None:
     """None of the three secrets, in any encoding a URL or JSON would give it."""
     for secret in (SECRET, quote(SECRET, safe=""), json.dumps(SECRET)[1:-1]):

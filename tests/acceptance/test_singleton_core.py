@@ -58,15 +58,6 @@ REDIS_DB = 5
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
-
-
-@pytest.fixture
 def sender(redis_url: str) -> Iterator[Sender]:
     sender = Sender(f"{redis_url}/{REDIS_DB}")
     try:

@@ -94,15 +94,6 @@ class Setup:
         return result
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
-
-
 def _setup(rig: Rig, broker: str, backend: str, pg_url: str, prefix: str) -> Iterator[Setup]:
     sender = Sender(broker, backend=backend)
     queue = sender.queue()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -35,15 +34,6 @@ from celery_singlebeat.store.fleet import Fleet
 EFFECT_US = 1 * US
 #: how often the broker's reader looks (QueueReader.poll)
 READER_POLL = 0.05
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _versions(messages: list, entry: str) -> list[tuple[int, str]]:

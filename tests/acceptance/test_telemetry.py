@@ -36,7 +36,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -68,15 +67,6 @@ LIVENESS = 15.0
 SECRET = "Pr0m-s3cret"
 USER_SECRET, QUERY_SECRET, OPTION_SECRET = (f"{SECRET}-{w}" for w in ("user", "query", "option"))
 PYTHON = sys.executable
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 class Probed:

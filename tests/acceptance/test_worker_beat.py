@@ -9,7 +9,6 @@ sends to: what the beats publish stays in the broker for the reader to judge.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +30,6 @@ PERIOD_US = US
 LEASE = 3.0
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 @pytest.mark.postgres
