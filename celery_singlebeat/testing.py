@@ -878,6 +878,17 @@ class MemoryStore(Store):
             self._schedule_log = kept
             return len(old) + gone
 
+    def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """See :meth:`.ScheduleStore.catalogued`."""
+        with self._round_trip("read the catalogued names") as now:
+            found: dict[str, list[str]] = {}
+            for rid, r in sorted(self._replicas.items()):
+                if not replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now):
+                    continue
+                for name in self._catalog.get(rid, {}).keys() & set(names):
+                    found.setdefault(name, []).append(rid)
+            return {name: found[name] for name in sorted(found)}
+
     def sent_count(self, name: str, since_us: int) -> int:
         """See :meth:`.ScheduleStore.sent_count`."""
         with self._round_trip("count sent slots"):

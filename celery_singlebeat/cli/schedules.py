@@ -555,8 +555,7 @@ def import_command(
     except FileError as exc:
         raise Refused(str(exc)) from None
     with schedules_of(ctx, by) as schedules:
-        for entry in wanted:
-            schedules.check_name(entry.name)
+        schedules.check_names(entry.name for entry in wanted)
         steps = plan(wanted, schedules.list(), label, prune)
         for step in steps.steps:
             for line in describe(step):

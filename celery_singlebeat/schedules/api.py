@@ -235,9 +235,7 @@ class Schedules:
         connection: Any = None,
     ) -> builtins.list[StoredEntry]:
         """Several writes in one transaction, all or nothing (an import)."""
-        for write in writes:
-            if write.op != "delete":
-                self.check_name(write.name)
+        self.check_names(w.name for w in writes if w.op != "delete")
         return self._write(list(writes), why, by, connection)
 
     def close(self) -> None:
@@ -266,14 +264,33 @@ class Schedules:
         return [entry_from_fields(r._asdict()) for r in rows if not r.deleted]
 
     def check_name(self, name: str) -> None:
-        """Refuse a name ``beat_schedule`` already has (InvalidEntry)."""
-        if name in self._static:
-            raise InvalidEntry(
-                name,
-                "name",
-                "beat_schedule defines an entry of this name: a stored entry may not take "
-                "it (edit beat_schedule, or choose another name)",
-            )
+        """Refuse a name ``beat_schedule`` already has (InvalidEntry): this
+        app's, or a live replica's (its catalog, whatever its release)."""
+        self.check_names([name])
+
+    def check_names(self, names: Iterable[str]) -> None:
+        """:meth:`check_name` of several names, in one read of the catalogs."""
+        names = builtins.list(dict.fromkeys(names))
+        for name in names:
+            if name in self._static:
+                raise InvalidEntry(
+                    name,
+                    "name",
+                    "beat_schedule defines an entry of this name: a stored entry may not "
+                    "take it (edit beat_schedule, or choose another name)",
+                )
+        clashes = self.store.catalogued(names)
+        for name in names:
+            replicas = clashes.get(name)
+            if replicas:
+                shown = ", ".join(replicas[:3]) + (" ..." if len(replicas) > 3 else "")
+                raise InvalidEntry(
+                    name,
+                    "name",
+                    f"the beat_schedule of live replica {shown} defines an entry of this "
+                    "name: a stored entry may not take it (choose another name, or deploy "
+                    "without it first)",
+                )
 
     def _check_runs_fixed(
         self, name: str, new: StoredEntry, current: StoredEntry | None = None

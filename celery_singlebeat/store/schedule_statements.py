@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .statements import _LITE_NOW, _MY_NOW, _PG_NOW
+from .statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
 from .values import SCHEDULE_FLOOR_KEY, SCHEDULE_REVISION_KEY, ScheduleRow
 
 #: the schedules table's columns, in ScheduleRow's order
@@ -72,6 +72,9 @@ class ScheduleDialect:
     #: the table's highest revision (0 when empty): where prepare starts the
     #: counter row it creates when missing (with statements.py's meta_insert)
     seed_revision: str
+    #: (now, name, replica id) for each of ``:names`` a live replica's catalog
+    #: lists (binds ``:beats`` and ``:slack_us``, the one rule of liveness)
+    catalogued: str
 
     def render(self, prefix: str) -> ScheduleDialect:
         names = {
@@ -79,6 +82,8 @@ class ScheduleDialect:
             "g": f"{prefix}schedule_log",
             "m": f"{prefix}meta",
             "s": f"{prefix}slots",
+            "k": f"{prefix}catalog",
+            "r": f"{prefix}replicas",
         }
         values = {item.name: getattr(self, item.name).format(**names) for item in fields(self)}
         return ScheduleDialect(**values)
@@ -101,6 +106,14 @@ _TOMBSTONES_DELETE = """
     DELETE FROM {t} WHERE deleted = 1 AND updated_us < :cutoff
       AND revision <= (SELECT f.value_us FROM {m} f WHERE f.key = %s)"""
 _LOG_DELETE = "DELETE FROM {g} WHERE at_us < :cutoff"
+
+
+def _catalogued(now: str, names: str) -> str:
+    """The catalogued statement: ``names`` is the dialect's set of ``:names``."""
+    return f"""
+        SELECT {now}, c.entry, r.id FROM {{k}} c JOIN {{r}} r ON r.catalog = c.catalog
+        WHERE {live_replica(now, "r")} AND c.entry IN ({names})
+        ORDER BY c.entry, r.id"""
 
 
 def _common(now: str, key: str = "key", greatest: str = "GREATEST") -> dict[str, str]:
@@ -164,6 +177,7 @@ POSTGRESQL = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET value_us = GREATEST(m.value_us, EXCLUDED.value_us)""",
+    catalogued=_catalogued(_PG_NOW, "SELECT jsonb_array_elements_text(CAST(:names AS jsonb))"),
     **_common(_PG_NOW),
 )
 
@@ -192,6 +206,11 @@ MYSQL = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON DUPLICATE KEY UPDATE value_us = GREATEST({{m}}.value_us, VALUES(value_us))""",
+    catalogued=_catalogued(
+        _MY_NOW,
+        """SELECT n.name COLLATE utf8mb4_bin FROM JSON_TABLE(:names, '$[*]'
+            COLUMNS (name VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) n""",
+    ),
     **_common(_MY_NOW, key="`key`"),
 )
 
@@ -216,6 +235,7 @@ SQLITE = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET value_us = max(value_us, excluded.value_us)""",
+    catalogued=_catalogued(_LITE_NOW, "SELECT value FROM json_each(:names)"),
     **_common(_LITE_NOW, greatest="max"),
 )
 

@@ -201,6 +201,18 @@ class ScheduleStore(StoreConnection):
         """
         return 0
 
+    def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """Which of ``names`` a live replica's catalog lists (its
+        ``beat_schedule``, or another catalogued source): each such name with
+        the ids of those replicas, sorted. A stored entry may not take such a
+        name: the replicas that define it would ignore the stored one and the
+        others send it, two definitions under one name. Live by the one rule
+        (:func:`~celery_singlebeat.membership.replica_live`, on the database's
+        clock), so a stopped release's names are free again once its replicas
+        are gone. One statement, whatever the number of names; the default
+        (an earlier store, without catalogs): none."""
+        return {}
+
     def sent_count(self, name: str, since_us: int) -> int:
         """How many slot rows (claimed or sent, run-now requests included) the
         entry ``name`` has at or after the slot instant ``since_us``: the runs

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..clock import DatabaseClock
 from ..exceptions import StoreUnavailable
+from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..redact import Secrets
 from .executor import SqlExecutor
 from .schedule_edits import Edit, check_batch, plan
@@ -296,6 +297,21 @@ class SqlSchedules:
         # table's top revision went down, and a reader whose cursor is at that
         # delete would never hear of it (its feed is incomplete: it reloads)
         return max(int(top or 0), int(floor or 0))
+
+    def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
+        if not names:
+            return {}
+        found = self._read(
+            "read the catalogued names",
+            self.sql.catalogued,
+            names=json.dumps(list(names)),
+            beats=LIVE_HEARTBEATS,
+            slack_us=LIVE_SLACK_US,
+        )
+        by_name: dict[str, list[str]] = {}
+        for _now, name, replica in found:
+            by_name.setdefault(str(name), []).append(str(replica))
+        return by_name
 
     def log(self, name: str | None, limit: int) -> list[ScheduleLogRow]:
         params: dict[str, Any]

@@ -915,6 +915,9 @@ class SqlStore(Store):
     def sent_count(self, name: str, since_us: int) -> int:
         return self.schedules.sent_count(name, since_us)
 
+    def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
+        return self.schedules.catalogued(names)
+
     def ping(self) -> int:
         return self.executor.run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
 

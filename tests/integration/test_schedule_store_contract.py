@@ -716,3 +716,29 @@ def test_a_concurrent_write_waits_for_the_open_one_and_takes_the_next_revision(
         engine.dispose()
     assert [r.revision for r in done] == [first.revision + 1]
     assert [r.name for r in store.schedule_feed(0).rows] == ["first", "second"]
+
+
+# -- names a live replica's catalog lists ----------------------------------------------
+
+
+def test_catalogued_names_are_those_of_live_replicas_catalogs_in_one_statement(
+    backend: Backend,
+) -> None:
+    """A stored entry may not take a name a live replica's beat_schedule has,
+    whatever its release: ``catalogued`` says which of the names asked a live
+    replica's catalog lists, and which replicas; a stopped replica's names
+    are free again."""
+    from test_fleet_contract import catalog, info
+
+    store = backend.ready()
+    for rid, names in (("r1", ("a", "b")), ("r2", ("a", "x")), ("old", ("c",))):
+        store.publish_catalog(rid, catalog(*names))
+        store.heartbeat(info(rid, store.ping()))
+    store.stopped("old")
+    assert store.catalogued([]) == {}
+    before = round_trips(store)
+    assert store.catalogued(["a", "b", "c", "z", "a"]) == {"a": ["r1", "r2"], "b": ["r1"]}
+    assert round_trips(store) - before == 1
+    # a name stored already is not a catalogued one
+    store.write_schedules([create("stored-only")], by="t")
+    assert store.catalogued(["stored-only", "x"]) == {"x": ["r2"]}

@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
-from celery_singlebeat import Schedules
+from celery_singlebeat import InvalidEntry, Schedules, stored_entry
 from celery_singlebeat.clock import US
 from celery_singlebeat.engine import Environment
 from celery_singlebeat.engine.feed import READ_EVERY_S
+from celery_singlebeat.schedules.spec import entry_to_fields
+from celery_singlebeat.store.values import ScheduleWrite
 
 EFFECT_US = US
 
@@ -172,8 +174,16 @@ def test_a_stored_entry_may_not_take_a_beat_schedule_name(
     simulate(harness, 1)
     replica = harness.replica(replica_id="solo")
     replica.tick()
-    # written around the API's check, as another release or a hand-written row might
-    Schedules(store=harness.store).upsert("clash", TASK, timedelta(seconds=1))
+    # the API refuses it: the live replica's catalog lists the name, though
+    # this Schedules was not given the app (the CLI's --url), and writes nothing
+    with pytest.raises(InvalidEntry, match="live replica solo") as refused:
+        Schedules(store=harness.store).upsert("clash", TASK, timedelta(seconds=1))
+    assert refused.value.field == "name"
+    assert harness.store.schedule_rows()[0] == []
+    # written around the API's check, as a hand-written row might be
+    fields = entry_to_fields(stored_entry("clash", TASK, timedelta(seconds=1)))
+    del fields["name"]
+    harness.store.write_schedules([ScheduleWrite("create", "clash", fields)], by="hand")
     with caplog.at_level(logging.ERROR, logger="celery_singlebeat"):
         harness.clock.advance(timedelta(seconds=1))
         replica.tick()
