@@ -742,3 +742,52 @@ def test_catalogued_names_are_those_of_live_replicas_catalogs_in_one_statement(
     # a name stored already is not a catalogued one
     store.write_schedules([create("stored-only")], by="t")
     assert store.catalogued(["stored-only", "x"]) == {"x": ["r2"]}
+
+
+# -- the claim's check of a stored entry's revision -----------------------------
+
+
+def test_the_claim_refuses_a_slot_proposed_under_a_definition_replaced_over_a_second_before(
+    backend: Backend,
+) -> None:
+    """SlotStore.claim's ``revisions``: a stored entry's slot proposed under
+    revision R is not won once the row has another revision written more than
+    STALE_DEFINITION_US before the later of now and the slot's instant; an
+    early claim (a slot up to EARLY_TOLERANCE_US ahead) is judged at its
+    instant, and a delete is a replacement too."""
+    from celery_singlebeat.store.values import EARLY_TOLERANCE_US, STALE_DEFINITION_US
+
+    store = backend.ready()
+    store.register(["s"])
+    (first,) = store.write_schedules([create("s")], by="t")
+    r1 = first.revision
+    now = store.ping()
+    assert [c.slot_us for c in store.claim("a", [SlotKey("s", now)], LONG_LEASE, {"s": r1})]
+    (second,) = store.write_schedules(
+        [ScheduleWrite("update", "s", {"task": "tasks.other"})], by="t"
+    )
+    r2, replaced = second.revision, second.updated_us
+    assert r2 > r1
+    # within the second after the edit, the old definition's slots still go out
+    soon = store.ping() + 1000
+    assert soon < replaced + STALE_DEFINITION_US
+    assert store.claim("b", [SlotKey("s", soon)], LONG_LEASE, {"s": r1})
+    # a slot early-claimed before that second is over, whose instant is after
+    # it, is judged at its instant: refused under the old revision...
+    wait_db_past(store, replaced + STALE_DEFINITION_US - EARLY_TOLERANCE_US + 100_000)
+    late = replaced + STALE_DEFINITION_US + 50_000
+    assert store.claim("c", [SlotKey("s", late)], LONG_LEASE, {"s": r1}) == []
+    # ...and won under the new one (not refused for being early)
+    assert [c.slot_us for c in store.claim("c", [SlotKey("s", late)], LONG_LEASE, {"s": r2})] == [
+        late
+    ]
+    # past the second, an old revision is refused at now too; a delete replaces
+    wait_db_past(store, replaced + STALE_DEFINITION_US)
+    now = store.ping()
+    assert store.claim("d", [SlotKey("s", now)], LONG_LEASE, {"s": r1}) == []
+    (gone,) = store.write_schedules([ScheduleWrite("delete", "s", {})], by="t")
+    wait_db_past(store, gone.updated_us + STALE_DEFINITION_US)
+    later = store.ping()
+    assert store.claim("d", [SlotKey("s", later)], LONG_LEASE, {"s": r2}) == []
+    # a claim without revisions (a beat_schedule entry's) is not judged so
+    assert store.claim("d", [SlotKey("s", later + 1)], LONG_LEASE)
