@@ -25,6 +25,9 @@ from ..slots import MissedPolicy, SlotSequence, sequence_for
 from ..sources import EntryDefinition
 from ..store.base import EntryState
 
+#: how many live sets' shares a replica keeps (64 KB each)
+_SHARES_KEPT = 4
+
 logger = logging.getLogger("celery_singlebeat.scheduler")
 
 #: ``Tracked.won`` of an entry that won nothing ahead (nearly all): one shared
@@ -93,6 +96,10 @@ class Agenda:
         #: for entries that come after the deal: 64 KiB, where the owners'
         #: list would keep 512 KiB
         self._mine: bytearray | None = None
+        #: the buckets this replica proposes first, for the last few live sets
+        #: seen: a membership that flaps (a replica paused past its heartbeats
+        #: and back, a partition) deals the 65,536 buckets once per set
+        self._shares: dict[tuple[str, ...], bytearray] = {}
         #: how many entries this replica proposes first (its heartbeat says so)
         self.first_count = 0
 
@@ -204,14 +211,19 @@ class Agenda:
         if live == self.live and not force:
             return
         me = self.replica_id
-        owners = bucket_owners(live)
-        self._mine = bytearray(owner == me for owner in owners)
+        mine = self._shares.pop(live, None)
+        if mine is None:
+            mine = bytearray(owner == me for owner in bucket_owners(live))
+            while len(self._shares) >= _SHARES_KEPT:
+                del self._shares[next(iter(self._shares))]  # the least recently used
+        self._shares[live] = mine
+        self._mine = mine
         buckets = self._buckets
         for tracked in self.tracked.values():
             bucket = buckets.get(tracked.name)
             if bucket is None:
                 bucket = buckets[tracked.name] = bucket_of(tracked.name)
-            tracked.first = owners[bucket] == me
+            tracked.first = bool(mine[bucket])
         # Called between ticks: every tracked entry is in one of the two heaps.
         self.first = [t for t in self.tracked.values() if t.first]
         self.later = [t for t in self.tracked.values() if not t.first]
