@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo test test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-pgbouncer: $(STAMP)
 	if [ "$$after" -le "$$before" ]; then echo "pgbouncer: no traffic: the tests did not go through it" >&2; exit 1; fi; \
 	exit $$status
 
+# The in-process suites under another interpreter or Celery run side by side
+# in this many pytest-xdist workers: they are CPU-bound (Hypothesis, the
+# simulation), and the machine has two cores (docs/testing.md).
+UNIT_WORKERS ?= 2
+
 # The oldest Celery we support, in a venv of its own: the scheduler subclasses
 # Celery's Scheduler, whose internals move between releases.
 CELERY_OLDEST ?= 5.2.7
@@ -57,15 +62,26 @@ COMPAT := .venv-celery-$(CELERY_OLDEST)
 test-compat:
 	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
 	$(COMPAT)/bin/pip install --quiet "celery==$(CELERY_OLDEST)" "kombu==$(KOMBU_OLDEST)" -e '.[dev]'
-	$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider tests/unit
+	$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit
 
 # Unit and contract suites under another interpreter: make test-python PY=/path/to/python3.9
 PY ?= python3
 PYVENV = .venv-py-$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PYTHON_TESTS := tests/unit tests/integration/test_store_contract.py
 test-python:
 	test -x $(PYVENV)/bin/python || $(PY) -m venv $(PYVENV)
 	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
-	$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/test_store_contract.py
+	$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup $(PYTHON_TESTS)
+
+# The oldest interpreter with the oldest Celery, together: what CI runs in place
+# of test-compat and test-python on the oldest Python (the oldest stack a user
+# runs, in one venv and one pass of the suites): make test-oldest PY=/path/to/python3.9
+OLDEST_VENV = $(PYVENV)-celery-$(CELERY_OLDEST)
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PY) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install --quiet "celery==$(CELERY_OLDEST)" "kombu==$(KOMBU_OLDEST)" -e '.[dev]'
+	$(OLDEST_VENV)/bin/python -c 'import celery, sys; assert celery.__version__ == "$(CELERY_OLDEST)", celery.__version__; print("test-oldest: Python %d.%d, Celery %s" % (*sys.version_info[:2], celery.__version__))'
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup $(PYTHON_TESTS)
 
 # The release (docs/release.md): the wheel and sdist in dist/, their metadata
 # rendered (twine) and checked against the source (version, contents, entry points).
@@ -89,9 +105,13 @@ check-extras: dist
 # in setup.cfg ([coverage:report] fail_under).
 COVERAGE_TESTS := tests/unit tests/integration/test_store_contract.py \
 	tests/integration/test_singleton_store_contract.py tests/integration/test_fleet_contract.py
+# pytest-cov gathers it from the xdist workers too (coverage.py alone would
+# measure only the controller) and combines it before the report.
+COVERAGE_RUN = -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup \
+	--cov --cov-report= $(COVERAGE_TESTS)
 coverage: $(STAMP)
 	$(BIN)/python -m coverage erase
-	$(BIN)/python -m coverage run -m pytest -q -p no:cacheprovider $(COVERAGE_TESTS)
+	$(BIN)/python $(COVERAGE_RUN)
 	$(BIN)/python -m coverage report
 
 # The same under another interpreter, in its own venv: CI measures coverage on the
@@ -101,7 +121,7 @@ coverage-python:
 	test -x $(PYVENV)/bin/python || $(PY) -m venv $(PYVENV)
 	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
 	$(PYVENV)/bin/python -m coverage erase
-	$(PYVENV)/bin/python -m coverage run -m pytest -q -p no:cacheprovider $(COVERAGE_TESTS)
+	$(PYVENV)/bin/python $(COVERAGE_RUN)
 	$(PYVENV)/bin/python -m coverage report
 
 unit: $(STAMP)
