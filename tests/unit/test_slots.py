@@ -190,7 +190,9 @@ def test_solar_slots_are_whole_seconds_independent_of_the_start(app: Celery) -> 
 
 @pytest.mark.parametrize(
     ("event", "lat", "lon"),
-    [("sunset", 48.85, 2.35), ("sunrise", -33.87, 151.21), ("dawn_astronomical", 64.15, -21.94)],
+    # (not where astronomical dawn fails for weeks, as in Reykjavik: Celery
+    # 5.2's solar raises a TypeError there; a later one skips to its return)
+    [("sunset", 48.85, 2.35), ("sunrise", -33.87, 151.21), ("dawn_astronomical", 40.42, -3.70)],
 )
 def test_each_solar_event_is_one_slot_from_wherever_it_is_asked(
     app: Celery, event: str, lat: float, lon: float
