@@ -125,6 +125,18 @@ class EntrySource(ABC):
         """
         return (), cursor
 
+    def reconnected(self, cursor: object) -> object:
+        """The cursor to go on from once the replica's broken connection to
+        the database is made again; the default: ``cursor``.
+
+        The database may not be the one the cursor was read from: a promoted
+        standby lacks the writes its old primary had not sent it yet, and
+        counts versions again from below the cursor. A source kept in the
+        database answers a cursor that makes its next :meth:`changes` read
+        everything again and report the difference.
+        """
+        return cursor
+
     #: whether each replica lists the entries in its catalog (the operators'
     #: view of which replica has which entry). A source whose entries every
     #: replica reads from one table (stored schedules) says False: the table

@@ -267,6 +267,9 @@ class MemoryStore(Store):
         #: last revision given (the SQL store's counter row), the feed's floor
         self._schedules: dict[str, ScheduleRow] = {}
         self._schedule_log: list[ScheduleLogRow] = []
+        #: (when, the counter before, name, the row before) of each row a
+        #: write changed, so that lose_writes can undo the newest
+        self._schedule_undo: list[tuple[int, int, str, ScheduleRow | None]] = []
         self._schedule_revision = 0
         self._schedule_floor = 0
 
@@ -499,7 +502,8 @@ class MemoryStore(Store):
     def lose_writes(self, after_us: int) -> int:
         """What a failover to a standby that lagged behind does: forget every
         write after ``after_us`` on the store's clock (rows claimed or taken
-        over then are gone, confirms made then are undone), and break the
+        over then are gone, confirms made then are undone, the stored schedules
+        and their revision counter are as they were), and break the
         connection once: :attr:`~celery_singlebeat.store.connection.StoreConnection.interruptions`
         counts it, and with :attr:`.StoreConnection.stop_at_reconnect` the next round trip raises
         :class:`~celery_singlebeat.exceptions.ConnectionReplaced` without doing
@@ -521,6 +525,17 @@ class MemoryStore(Store):
                 elif run.finished_us is not None and run.finished_us > after_us:
                     run.state, run.finished_us, run.outcome = 0, None, None
                     changed += 1
+            # the stored schedules as they were, and their revision counter:
+            # the next write takes a number the lost ones had
+            while self._schedule_undo and self._schedule_undo[-1][0] > after_us:
+                _at, counter, name, before = self._schedule_undo.pop()
+                if before is None:
+                    self._schedules.pop(name, None)
+                else:
+                    self._schedules[name] = before
+                self._schedule_revision = counter
+                changed += 1
+            self._schedule_log = [r for r in self._schedule_log if r.at_us <= after_us]
             self.interruptions += 1
             self._broken = True
         return changed
@@ -809,6 +824,11 @@ class MemoryStore(Store):
             edits = plan(writes, stored, by, revision, now)
             changed = [e for e in edits if e.action is not None]
             if changed:
+                for edit in changed:
+                    before = stored.get(edit.after.name)
+                    self._schedule_undo.append(
+                        (now, self._schedule_revision, edit.after.name, before)
+                    )
                 self._schedule_revision = revision
                 for edit in changed:
                     self._schedules[edit.after.name] = edit.after

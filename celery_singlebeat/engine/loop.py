@@ -297,6 +297,9 @@ class Engine:
         # Both are written again first; idempotent, and a break is rare.
         self.membership.publish_catalog()
         self._beat(self.ctx.env.monotonic())
+        # a promoted standby may lack the last changes of the sources kept in
+        # the database, and reuse their revision numbers: read them again
+        self.watch.reconnected()
         self.hold.begin(self.sending.unconfirmed, seen)
 
     def _sleep(self) -> float:

@@ -84,6 +84,13 @@ class SourceWatch:
         """The labels of the sources whose entries no catalog lists."""
         return frozenset(s.label for s in self.sources if not s.catalogued)
 
+    def reconnected(self) -> None:
+        """The connection was made again (perhaps to another database): each
+        source says where its next poll goes on from."""
+        self._cursors = [
+            source.reconnected(cursor) for source, cursor in zip(self.sources, self._cursors)
+        ]
+
     def poll(self, now_us: int) -> set[str]:
         """Apply what changed in every source since the last poll; the names
         of the catalogued entries that were added, changed or removed."""

@@ -66,8 +66,16 @@ class StoredSource(EntrySource):
         return (), 0
 
     def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
-        after = cursor if isinstance(cursor, int) else 0
         store = self._store()
+        if isinstance(cursor, _Reread):
+            rows, revision = store.schedule_rows()
+            logger.info(
+                "singlebeat: the connection to the database was made again; read all %d "
+                "stored entries again (a promoted standby may lack the last changes)",
+                len(rows),
+            )
+            return self._difference(rows), revision
+        after = cursor if isinstance(cursor, int) else 0
         latest = store.schedule_revision
         if latest is None or latest <= after:
             return (), after
@@ -81,11 +89,23 @@ class StoredSource(EntrySource):
             after,
             len(rows),
         )
+        return self._difference(rows), revision
+
+    def reconnected(self, cursor: object) -> object:
+        """Read everything again: after a failover the revisions go on from
+        what the promoted standby had, below a cursor that counted writes it
+        never received, and the numbers are used again for other writes (the
+        claim's revision check compares numbers). The full read gives the
+        entries as this database has them, and its revision as the cursor."""
+        return _Reread(cursor)
+
+    def _difference(self, rows: Sequence[ScheduleRow]) -> list[Change]:
+        """Every row as a change, and the removal of the names gone since."""
         changes = [self._change(row) for row in rows]
         gone = self._present - {row.name for row in rows}
         changes.extend(Change(ChangeKind.REMOVED, name, None) for name in sorted(gone))
         self._present -= gone
-        return changes, revision
+        return changes
 
     def _change(self, row: ScheduleRow) -> Change:
         definition = None if row.deleted or not row.enabled else self._definition(row)
@@ -109,6 +129,16 @@ class StoredSource(EntrySource):
                 exc,
             )
             return None
+
+
+class _Reread:
+    """The cursor after a reconnection: read every row at the next changes()."""
+
+    __slots__ = ("before",)
+
+    def __init__(self, before: object) -> None:
+        #: the cursor it replaced (for a reader of the engine's state)
+        self.before = before
 
 
 __all__ = ["LABEL", "StoredSource"]

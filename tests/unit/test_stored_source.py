@@ -223,3 +223,41 @@ def test_the_prune_drops_old_tombstones_and_history_and_a_late_replica_reloads(
     assert harness.store.schedule_feed(gone.revision).complete is False
     late.tick()
     assert "gone" not in late.entries and "kept" in late.entries
+
+
+def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_find(
+    harness_for: Callable[..., Harness],  # noqa: F811
+) -> None:
+    """A promoted standby lacks the last edit (v2) and counts revisions again
+    from below what the replicas read: the next edit (v3) takes v2's number.
+    The replicas read everything again once their connection is back, so they
+    send v1 after the failover (what the database has), then v3 from a second
+    after its commit; nothing of the lost v2 after the hold, nothing twice."""
+    harness = harness_for({})
+    simulate(harness, 3)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store, by="test")
+    run = Run(harness, replicas=2)
+    try:
+        v1 = schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
+        run.run_until(harness.clock() + 3 * US)
+        standby_at = harness.clock() - 1  # the standby has what came before the edit
+        v2 = schedules.update("a", args=[2])
+        run.run_until(harness.clock() + 3 * US)
+        assert harness.store.lose_writes(standby_at) >= 1
+        assert schedules.get("a").revision == v1.revision
+        failed_over = harness.clock()
+        run.run_until(harness.clock() + 5 * US)
+        v3 = schedules.update("a", args=[3])
+        assert v3.revision == v2.revision, "the promoted standby reuses the number"
+        run.run_until(harness.clock() + 5 * US)
+    finally:
+        published = run.published()
+    sent = sorted((at, _v(args)) for e, at, args in published if e == "a")
+    assert max(Counter(at for at, _ in sent).values()) == 1, "a slot was sent twice"
+    after = [(at, v) for at, v in sent if at > failed_over + 2 * US]
+    assert after and not [v for _, v in after if v == 2], f"v2, lost, still sent: {after}"
+    v3_from = _us(v3.updated) + EFFECT_US
+    assert [v for at, v in after if at > v3_from] and all(
+        v == 3 for at, v in after if at > v3_from
+    ), after
