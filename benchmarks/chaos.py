@@ -97,6 +97,8 @@ ACCEPTANCE = ROOT / "tests" / "acceptance"
 sys.path[:0] = [str(ROOT), str(ACCEPTANCE), str(ROOT / "tests")]
 
 import sqlalchemy as sa  # noqa: E402
+from chaos_edits import Editor, EditsReport, is_stored  # noqa: E402
+from chaos_edits import judge as judge_edits  # noqa: E402
 from failover import MODES as FAILOVER_MODES  # noqa: E402
 from failover import FailoverPair  # noqa: E402
 from harness import (  # noqa: E402
@@ -523,6 +525,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     clock_offsets: dict[str, str] = field(default_factory=dict)
     code_under_test: list[str] = field(default_factory=list)
+    #: the stored entries the editor lane edited during the faults (chaos_edits)
+    edits: EditsReport = field(default_factory=EditsReport)
     text: str = ""
 
     @property
@@ -534,6 +538,7 @@ class Report:
             or self.early
             or self.late_sends
             or self.over_bound
+            or not self.edits.ok
         )
 
 
@@ -624,6 +629,8 @@ class Chaos:
         self.outages: dict[str, list[tuple[int, int | None]]] = {}
         #: slot rows written back after a failover (slot_rows)
         self.written_back: set[tuple[str, int]] = set()
+        #: the editor lane (chaos_edits), through the replicas' database proxy
+        self.editor: Editor | None = None
 
     # -- output ---------------------------------------------------------------
 
@@ -748,6 +755,8 @@ class Chaos:
         for replica in self.replicas:
             self.wait_connected(replica, 90)
         self.say("every replica connected")
+        self.editor = Editor(proxied, self.prefix, self.config.seed, now_us)
+        self.editor.open()
 
     def _where(self, broker: str) -> None:
         """Ask a worker which celery_singlebeat it imported (recorded in SB_RECORD)."""
@@ -962,6 +971,11 @@ class Chaos:
         assert pair is not None
         fault = self._fault("postgres failover", "database", "", db_down=True)
         self.say(f"fault: PostgreSQL failover ({pair.mode} standby)")
+        # an edit whose commit the standby may not have yet: which version won
+        # is read from the new primary's history at the end (chaos_edits)
+        edit = None
+        if self.editor is not None:
+            edit = self.editor.edit_now("right before a failover's cut")
         record = pair.failover()
         fault.restored_us = int(record.moved_at * US)
         self.failed_over.append((fault, record))
@@ -975,6 +989,12 @@ class Chaos:
             f"behind; primary stopped -m immediate, standby promoted (timeline "
             f"{record.timeline}), address moved after {record.unavailable_s:.2f}s"
         )
+        if edit is not None:
+            fault.detail += (
+                f"; edit v{edit.v} of {edit.name} "
+                + (f"failed ({edit.error[:60]})" if edit.error else "returned")
+                + f" {(record.cut_at * US - edit.done_us) / 1000:.0f} ms before the cut"
+            )
         pair.add_standby()
         fault.end_us = now_us()
 
@@ -1039,6 +1059,16 @@ class Chaos:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 self.abort.set()
 
+    def edit_lane(self, end: float) -> None:
+        """The third lane: stored entries edited until ``end`` (chaos_edits)."""
+        assert self.editor is not None
+        try:
+            self.editor.run(end, self.abort)
+        except Exception as exc:
+            if not self.abort.is_set():
+                self.errors.append(f"editor: {type(exc).__name__}: {exc}")
+                self.abort.set()
+
     def run_faults(self) -> None:
         end = time.monotonic() + self.config.duration
         infra = ["pg_restart", "pg_outage", "broker_restart"]
@@ -1062,6 +1092,7 @@ class Chaos:
                 args=(self.rng_infra, infra, weights, end),
                 name="lane-infra",
             ),
+            threading.Thread(target=self.edit_lane, args=(end,), name="lane-editor"),
         ]
         for lane in lanes:
             lane.start()
@@ -1334,6 +1365,8 @@ class Chaos:
         return report
 
     def close(self) -> None:
+        if self.editor is not None:
+            self.editor.close()
         try:
             self.group.stop_all()
         finally:
@@ -1376,7 +1409,9 @@ class Chaos:
         self.holds = self.read_holds(beat_logs)
         self.outages = self.read_outages(beat_logs)
         required, optional = self.expected(upto_us)
-        done = self.executions()
+        all_done = self.executions()
+        # the stored entries of the editor lane are judged on their own (chaos_edits)
+        done = {s: t for s, t in all_done.items() if not is_stored(s[0])}
         windows = self.db_windows(rows)
         names: dict[str, str] = {}
         for replica in self.replicas:
@@ -1386,7 +1421,7 @@ class Chaos:
                     names[rid] = proc.name
         worker_logs = [w.log() for w in self.worker_runs]
 
-        self.pause_outcomes(rows, done, names, beat_logs, worker_logs)
+        self.pause_outcomes(rows, all_done, names, beat_logs, worker_logs)
 
         def in_window(slot: tuple[str, int]) -> DbWindow | None:
             return next((w for w in windows if w.contains(slot)), None)
@@ -1467,7 +1502,7 @@ class Chaos:
         report.unexpected = len(unexpected)
         for s in unexpected[:20]:
             report.problems.append(f"executed, but no slot of its entry: {s[0]}@{s[1]}")
-        report.failovers = self.failover_outcomes(published, done, upto_us)
+        report.failovers = self.failover_outcomes(published, all_done, upto_us)
         first_sent = self.first_publishes(beat_logs)
         lost = []
         for slot in sorted(required):
@@ -1498,6 +1533,18 @@ class Chaos:
             )
         for window in windows:
             report.policy_windows.append(self.policy(window, done, first_sent))
+        if self.editor is not None:
+            report.edits = judge_edits(
+                self.editor.attempts,
+                self.editor.history(),
+                read_records(self.record),
+                list(windows),
+                [(int(r.cut_at * US), int(r.moved_at * US)) for _, r in self.failed_over],
+                upto_us,
+                self.started_us,
+                lambda s: rows.get(s, (0,))[0] == 1,
+                self.lost_in_broker,
+            )
         # Delays: slot instant -> first publish (the replica's log line, put on
         # the database's clock with that replica's offset), and -> first execution.
         delays: list[Delay] = []
@@ -1536,7 +1583,7 @@ class Chaos:
                 if row[2] == 1 and row[3] < slot[1] - EARLY_TOLERANCE_US
             }
             | {(d.entry, d.slot_us) for d in delays if d.dispatch_s < -tolerance}
-            | {s for s in executed if min(done[s]) < s[1] / US - tolerance}
+            | {s for s in all_done if min(all_done[s]) < s[1] / US - tolerance}
         )
         report.early = len(early)
         for s in early[:20]:
@@ -2000,6 +2047,7 @@ def render(r: Report) -> str:
                 ],
             ),
         ]
+    lines += render_edits(r.edits)
     if r.broker_losses:
         lines += [
             "",
@@ -2011,6 +2059,71 @@ def render(r: Report) -> str:
         lines += ["", "problems:", *(f"  {p}" for p in r.problems)]
     lines += ["", "verdict: " + ("OK" if r.ok else "FAILED")]
     return "\n".join(lines)
+
+
+def render_edits(e: EditsReport) -> list[str]:
+    """The editor lane's section of the report (chaos_edits)."""
+    actions = ", ".join(f"{k} {v}" for k, v in sorted(e.by_action.items()))
+    lines = [
+        "",
+        f"stored entries edited during the faults (through the replicas' database proxy): "
+        f"{e.attempted} edits tried ({actions}); {e.committed} committed (the history of "
+        f"the database the run ended on), {e.failed} not committed (raised), "
+        f"{e.uncertain_committed} committed though they raised, {e.lost_in_failover} "
+        "returned and then lost with a failover",
+        *(f"  at a failover: {line}" for line in e.at_failover),
+        table(
+            ["", "stored slots"],
+            [
+                ("due (after the 1 s a commit takes, outside database outages)", e.due),
+                ("due while the database was away (missed-run policy)", e.in_outage),
+                ("executed", e.executed),
+                (
+                    "sent under a definition replaced more than 1 s before the slot (must be 0)",
+                    e.outdated,
+                ),
+                (
+                    "sent for an instant at or before its definition's commit (must be 0)",
+                    e.premature,
+                ),
+                ("executed at an instant its definition does not have (must be 0)", e.not_a_slot),
+                ("executed twice (must be 0)", e.executed_twice),
+                ("lost (must be 0)", e.lost),
+                ("lost by the broker (as above)", e.lost_in_broker),
+                (
+                    "limited entries run another number of times than asked (must be 0)",
+                    e.limited_wrong,
+                ),
+            ],
+        ),
+    ]
+    if e.limited:
+        lines.append(
+            table(
+                [
+                    "limited entry",
+                    "first run t (s)",
+                    "asked",
+                    "executed",
+                    "in an outage",
+                    "verdict",
+                ],
+                [
+                    (
+                        x["entry"],
+                        x.get("first_at_s"),
+                        x["asked"],
+                        x["executed"],
+                        x["in_outage"],
+                        x["verdict"],
+                    )
+                    for x in e.limited
+                ],
+            )
+        )
+    if e.problems:
+        lines += ["stored entries' problems:", *(f"  {p}" for p in e.problems[:40])]
+    return lines
 
 
 def run(config: Config) -> Report:
