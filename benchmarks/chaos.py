@@ -28,7 +28,8 @@ Topology (every process real, started here):
 Faults, one at a time in each of two lanes that run side by side (so faults
 of different lanes overlap), in a random order and at random gaps drawn from
 ``--seed``; every kind runs at least once, then more are drawn until
-``--duration`` is used up:
+``--duration`` is used up; a third lane edits stored entries meanwhile
+(below):
 
 * replicas lane: SIGKILL of a replica, then a restart; a pause (SIGSTOP) of a
   replica for longer than the claim lease, then SIGCONT, taken at a random
@@ -42,6 +43,16 @@ of different lanes overlap), in a random order and at random gaps drawn from
   the address moves to it, and a fresh standby of the new primary is made for
   the next one), a broker restart.
 
+The editor lane (``chaos_edits.py``) edits stored entries through
+``Schedules`` and the replicas' database proxy all through the faults, every
+1 to 3 s: four entries get a new interval or crontab, new arguments, are
+disabled and enabled, deleted and added again; single runs (``once-K``) and
+entries limited to N runs (``max-K``) are added; and the failover fault makes
+one edit right before its cut. Each write carries a version in its kwargs
+(the worker records it with each execution) and in its ``why`` (the history
+keeps it): the history of the database the run ended on says which writes
+committed, and which a failover lost.
+
 Judged from outside, once every process has stopped: the slots due come from
 the database (each entry's anchor + k * period; crontab instants in the
 crontab's zone), executions from the workers' record file, sends from the slot
@@ -52,7 +63,11 @@ policy (coalesce) did. For each failover the report gives how far behind the
 standby was, how long the address was away, the slots published twice around
 it (the documented bound: a slot whose sender died with the primary, or whose
 write-back came too late, may go out twice with the same task id) and the
-lost writes the replicas and workers found and wrote back.
+lost writes the replicas and workers found and wrote back. For the stored
+entries it counts slots sent under a definition replaced more than 1 s before
+the slot's instant (0 allowed), slots of each version executed twice or lost
+outside outages (0 allowed), and whether each limited entry ran exactly as
+many times as asked (the missed-run policy's share of an outage aside).
 
 Usage::
 
@@ -60,7 +75,9 @@ Usage::
     python benchmarks/chaos.py --duration 75 --seed 7 --lease 5   # what make test runs
     python benchmarks/chaos.py --failover sync      # a synchronous standby
 
-Exit status 0 when nothing executed twice and nothing was lost.
+Exit status 0 when nothing executed twice, nothing was lost, and nothing of a
+stored entry went out under an outdated definition or more (or fewer) times
+than asked.
 """
 
 from __future__ import annotations
@@ -197,6 +214,8 @@ UNREACHABLE_AT = re.compile(
 #: cut, until the write-back hold after the address moved has passed
 FAILOVER_BEFORE_US = 10 * US
 FAILOVER_AFTER_US = 10 * US
+#: seconds from the editor's edit to a failover's cut (see pg_failover)
+EDIT_BEFORE_CUT = 0.15
 
 
 def now_us() -> int:
@@ -976,6 +995,10 @@ class Chaos:
         edit = None
         if self.editor is not None:
             edit = self.editor.edit_now("right before a failover's cut")
+            # long enough for the replicas, woken by its NOTIFY, to read it,
+            # and shorter than the standby's link lag, so the standby likely
+            # lacks it: the replicas then know a revision the new primary has not
+            self._sleep(EDIT_BEFORE_CUT)
         record = pair.failover()
         fault.restored_us = int(record.moved_at * US)
         self.failed_over.append((fault, record))
@@ -1544,6 +1567,8 @@ class Chaos:
                 self.started_us,
                 lambda s: rows.get(s, (0,))[0] == 1,
                 self.lost_in_broker,
+                self.fault_near,
+                self.lease_us + self.lease_us // 3 + TAKEOVER_SLACK_US,
             )
         # Delays: slot instant -> first publish (the replica's log line, put on
         # the database's clock with that replica's offset), and -> first execution.
@@ -1848,6 +1873,15 @@ class Chaos:
                 return True
         return False
 
+    def fault_near(self, lo_us: int, hi_us: int) -> bool:
+        """Any fault in force in ``[lo, hi]``, counting on after its end as
+        :meth:`cause` does: one that can hold a claim back."""
+        for f in self.faults:
+            tail = 10 * US if f.db_down else self.lease_us // 3 + US
+            if f.start_us <= hi_us and (f.end_us or 2**62) + tail >= lo_us:
+                return True
+        return False
+
     def cause(self, slot_us: int, delay_s: float, fence: int) -> str:
         """The faults in force between a slot's instant and its send. A fault
         counts on after its end for as long as its effects can last: the
@@ -2083,12 +2117,23 @@ def render_edits(e: EditsReport) -> list[str]:
                     e.outdated,
                 ),
                 (
-                    "sent for an instant at or before its definition's commit (must be 0)",
+                    "sent for an instant at or before its definition's commit that was no "
+                    "slot of the definition in force then (must be 0)",
                     e.premature,
+                ),
+                (
+                    "claimed before an edit, sent after it under the newer definition "
+                    "(a retried publish, a takeover; allowed)",
+                    e.late_newer,
                 ),
                 ("executed at an instant its definition does not have (must be 0)", e.not_a_slot),
                 ("executed twice (must be 0)", e.executed_twice),
                 ("lost (must be 0)", e.lost),
+                (
+                    "dropped with its version: due just before an edit, a fault held its "
+                    "claim past it (below)",
+                    e.dropped_with_version,
+                ),
                 ("lost by the broker (as above)", e.lost_in_broker),
                 (
                     "limited entries run another number of times than asked (must be 0)",
@@ -2121,6 +2166,8 @@ def render_edits(e: EditsReport) -> list[str]:
                 ],
             )
         )
+    if e.dropped:
+        lines += ["dropped with its version:", *(f"  {d}" for d in e.dropped[:20])]
     if e.problems:
         lines += ["stored entries' problems:", *(f"  {p}" for p in e.problems[:40])]
     return lines

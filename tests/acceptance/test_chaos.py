@@ -6,8 +6,13 @@ SIGKILLed and restarted, replicas paused past their lease right after a claim
 and right after a publish, a rolling restart between two versions of one
 entry's schedule, a PostgreSQL restart, a 30 s PostgreSQL outage, a failover
 of the PostgreSQL primary to its asynchronous standby (its link 300 ms
-behind) and a broker restart. No slot may execute twice, and every slot
-outside the outage must execute.
+behind) and a broker restart; meanwhile a third lane edits stored entries
+(new schedules and arguments, disable and enable, delete and add again,
+single runs and entries limited to N runs, an edit right before the
+failover's cut). No slot may execute twice, and every slot outside the outage
+must execute; no stored entry's slot may go out under a definition replaced
+more than a second before it, and each limited entry must run exactly as
+many times as asked.
 """
 
 from __future__ import annotations
@@ -306,7 +311,7 @@ def test_the_editor_lanes_verdict_reads_versions_from_the_history() -> None:
     times than asked is wrong."""
     from datetime import timedelta
 
-    from chaos_edits import EDITOR, TASK, Attempt, judge
+    from chaos_edits import EDITOR, TASK, Attempt, EditsReport, judge
 
     from celery_singlebeat import stored_entry
     from celery_singlebeat.schedules import with_changes
@@ -339,7 +344,9 @@ def test_the_editor_lanes_verdict_reads_versions_from_the_history() -> None:
         row(4, "once-0", "created", "once", t0 + us),
         row(5, "max-1", "created", "limited", t0 + 2 * us),
     ]
-    runs = [(k, 1) for k in range(1, 13) if k != 5] + [(6, 1)] + [(k, 2) for k in range(13, 23)]
+    # t0+10, due under v1, sent after the edit under v2 (a retried publish)
+    runs = [(k, 1) for k in range(1, 13) if k not in (5, 10)] + [(6, 1), (10, 2)]
+    runs += [(k, 2) for k in range(13, 23)]
     records = [
         {
             "event": "start",
@@ -358,9 +365,23 @@ def test_the_editor_lanes_verdict_reads_versions_from_the_history() -> None:
          "slot": [name, t0 + k * us], "at": 0.0, "v": v}
         for name, k, v in (("once-0", 5, 4), ("max-1", 3, 5), ("max-1", 4, 5))
     ]  # fmt: skip
-    report = judge(
-        attempts, history, records, [], [], t0 + 30 * us, t0, lambda s: True, lambda s: set()
-    )
+
+    def verdict(held: bool) -> EditsReport:
+        return judge(
+            attempts,
+            history,
+            records,
+            [],
+            [],
+            t0 + 30 * us,
+            t0,
+            lambda s: True,
+            lambda s: set(),
+            lambda lo, hi: held,
+            21 * us,
+        )
+
+    report = verdict(held=False)
     assert report.committed == 5 and report.uncertain_committed == 1 and report.failed == 1
     # v1 sent for t0+12 (replaced at 10.5 s), v2 for t0+22 (disabled at 20.5 s)
     assert report.outdated == 2, report.problems
@@ -369,8 +390,13 @@ def test_the_editor_lanes_verdict_reads_versions_from_the_history() -> None:
     # commit may go either way
     assert report.due == 18
     assert report.premature == 0 and report.not_a_slot == 0, report.problems
+    assert report.late_newer == 1
     assert [(x["entry"], x["asked"], x["executed"]) for x in report.limited] == [
         ("once-0", 1, 1),
         ("max-1", 3, 2),
     ]
     assert report.limited_wrong == 1 and not report.ok
+    # t0+5 was due 5.5 s before v2 replaced v1: a fault in force then may
+    # have held its claim past the edit, and v2 sends nothing before its commit
+    held = verdict(held=True)
+    assert held.lost == 0 and held.dropped_with_version == 1, held.problems
