@@ -47,8 +47,9 @@ The editor lane (``chaos_edits.py``) edits stored entries through
 ``Schedules`` and the replicas' database proxy all through the faults, every
 1 to 3 s: four entries get a new interval or crontab, new arguments, are
 disabled and enabled, deleted and added again; single runs (``once-K``) and
-entries limited to N runs (``max-K``) are added; and the failover fault makes
-one edit right before its cut. Each write carries a version in its kwargs
+entries limited to N runs (``max-K``) are added; and the failover fault
+silences the standby's link, makes one edit and cuts 1.5 s later (the
+replicas have read it, the promoted standby lacks it). Each write carries a version in its kwargs
 (the worker records it with each execution) and in its ``why`` (the history
 keeps it): the history of the database the run ended on says which writes
 committed, and which a failover lost.
@@ -1004,6 +1005,8 @@ class Chaos:
             edit = self.editor.edit_now("right before a failover's cut")
             self._sleep(EDIT_BEFORE_CUT)
         record = pair.failover()
+        if self.editor is not None:
+            self.editor.after_failover()
         fault.restored_us = int(record.moved_at * US)
         self.failed_over.append((fault, record))
         # the harness reads the new primary; the old one's data is gone
@@ -1572,7 +1575,8 @@ class Chaos:
                 lambda s: rows.get(s, (0,))[0] == 1,
                 self.lost_in_broker,
                 self.fault_near,
-                self.lease_us + self.lease_us // 3 + TAKEOVER_SLACK_US,
+                # a reconnect's hold of fallback proposals (sweep + 2 s), a second more
+                self.lease_us // 3 + 3 * US,
             )
         # Delays: slot instant -> first publish (the replica's log line, put on
         # the database's clock with that replica's offset), and -> first execution.

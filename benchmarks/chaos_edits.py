@@ -22,8 +22,10 @@ history of the database the run ended on as the truth: a write is committed
 when the history has its version, at the history's instant (the database's
 clock); a write that returned but is missing there was lost with the
 failover that followed it, which put the entry back to its last surviving
-version when the address moved. The fault lane makes one edit right before
-each failover's cut, so that the run always meets that case.
+version when the address moved. Before each failover's cut the fault lane
+silences the asynchronous standby's link and makes one edit, 1.5 s before the
+cut: the replicas have read it and the promoted standby lacks it, so that the
+run always meets that case.
 
 The verdict (:func:`judge`), per execution of a stored entry, on the
 database's clock:
@@ -42,10 +44,12 @@ database's clock:
 * **lost**: an instant of the version in force, more than 1 s after its
   commit and before the next, never executed, unless it fell due while the
   database was away (the missed-run policy's, as for the static entries) or
-  the broker lost it after taking it; one due less than the takeover bound
-  before its version was replaced, whose claim a fault held back past the
-  replacement, is counted apart (*dropped with its version*: the new
-  definition sends nothing at or before its commit, and the old one is gone);
+  the broker lost it after taking it; one due less than a reconnect's hold
+  (a sweep and 2 s) and a second before its version was replaced, whose
+  claim a fault held back past the replacement, is counted apart (*dropped
+  with its version*: the new definition sends nothing at or before its
+  commit, and the old one is gone), unless a failover had put that version
+  back (the replicas that had read the lost write may never have known);
 * **limited runs**: each ``once-K`` and ``max-K`` executed exactly as many
   times as asked, or, when some of its instants fell due in a database
   outage, no more and no fewer than the missed-run policy leaves (coalesce:
@@ -107,9 +111,11 @@ class Attempt:
     #: create, recreate, schedule, kwargs, disable, enable, delete, once, limited
     action: str
     asked_us: int
-    #: the definition it writes (None for a delete)
+    #: the definition it writes, as the editor believes it (None for a delete)
     intended: StoredEntry | None
     note: str = ""
+    #: an update's fields: what it changes on the row as stored
+    fields: dict[str, Any] | None = None
     done_us: int = 0
     #: the returned row's revision, created and updated (the database's
     #: clock); None when it raised (or for a delete, which returns nothing)
@@ -164,8 +170,11 @@ class Editor:
         intended: StoredEntry | None,
         call: Callable[[str], StoredEntry | None],
         note: str = "",
+        fields: dict[str, Any] | None = None,
     ) -> Attempt:
-        attempt = Attempt(len(self.attempts) + 1, name, action, self.now_us(), intended, note)
+        attempt = Attempt(
+            len(self.attempts) + 1, name, action, self.now_us(), intended, note, fields=fields
+        )
         self.attempts.append(attempt)
         try:
             result = call(f"{WHY}{attempt.v} {action}")
@@ -219,6 +228,7 @@ class Editor:
             intended,
             lambda why: schedules.update(name, why=why, **fields),
             note,
+            dict(fields),
         )
 
     def _sync(self) -> None:
@@ -298,6 +308,12 @@ class Editor:
                 return None
             return self._update("kwargs", self.rng.choice(names), note=note)
 
+    def after_failover(self) -> None:
+        """A failover may have undone what the editor believes stored: every
+        entry is read back before its next edit."""
+        with self.lock:
+            self.unknown.update(REGULAR)
+
     def run(self, end: float, abort: threading.Event) -> None:
         """Edits at random gaps until ``end`` (monotonic): every kind once, then by weight."""
         first = list(KINDS)
@@ -327,12 +343,17 @@ class Editor:
 
 @dataclass
 class Version:
-    """One committed state of an entry: its definition (None: disabled or
-    deleted) from its commit (the database's clock)."""
+    """One committed state of an entry from its commit (the database's
+    clock): its definition as stored, disabled too (None: deleted)."""
 
     v: int
-    entry: StoredEntry | None
+    stored: StoredEntry | None
     since_us: int
+
+    @property
+    def entry(self) -> StoredEntry | None:
+        """The definition the replicas run (None: disabled or deleted)."""
+        return self.stored if self.stored is not None and self.stored.enabled else None
 
 
 @dataclass
@@ -340,6 +361,8 @@ class Segment:
     start_us: int
     end_us: int
     version: Version
+    #: in force again because a failover lost the writes after it
+    reverted: bool = False
 
 
 @dataclass
@@ -371,7 +394,7 @@ class EditsReport:
     #: slots of the version in force at their instant, sent after a later
     #: edit under the newer definition (a retried publish, a takeover): allowed
     late_newer: int = 0
-    #: missing slots due less than the takeover bound before their version was
+    #: missing slots due less than a reconnect's hold before their version was
     #: replaced, whose claim a fault held back past the replacement
     dropped_with_version: int = 0
     dropped: list[str] = field(default_factory=list)
@@ -503,7 +526,11 @@ def timelines(
     out: dict[str, list[Segment]] = {}
     for name, items in events.items():
         segments: list[Segment] = []
-        created_us: int | None = None
+        # the state each write applied to: a surviving write to the last
+        # surviving state (the new primary's), a lost one to the last of all
+        # (the old primary's); an update is a delta on it, not the editor's
+        # belief, which a lost write had led astray
+        last: Version | None = None
         surviving: Version | None = None
         for at, _, v, action, survived in sorted(items):
             if action == "revert":
@@ -511,18 +538,25 @@ def timelines(
             elif action == "deleted":
                 new = Version(v, None, at)
             else:
-                if action == "created":
-                    created_us = at
-                intended = by_v[v].intended
-                assert intended is not None and created_us is not None
-                entry = replace(intended, created=_at(created_us), updated=_at(at))
-                new = Version(v, entry if entry.enabled else None, at)
+                attempt = by_v[v]
+                base = (surviving if survived else last) if action == "changed" else None
+                if attempt.fields is not None and base is not None and base.stored is not None:
+                    stored = with_changes(base.stored, **attempt.fields)
+                else:
+                    assert attempt.intended is not None
+                    stored = attempt.intended
+                    if base is not None and base.stored is not None:
+                        stored = replace(stored, created=base.stored.created)
+                if action == "created" or stored.created is None:
+                    stored = replace(stored, created=_at(at))
+                new = Version(v, replace(stored, updated=_at(at)), at)
+            last = new
             if survived:
                 surviving = new
             if segments:
                 segments[-1].end_us = at
             if new is not None:
-                segments.append(Segment(at, 2**62, new))
+                segments.append(Segment(at, 2**62, new, reverted=action == "revert"))
         out[name] = segments
     return out, set(kept)
 
@@ -538,13 +572,14 @@ def judge(
     sent: Callable[[tuple[str, int]], bool],
     broker_lost: Callable[[list[tuple[str, int]]], set[tuple[str, int]]],
     held: Callable[[int, int], bool],
-    bound_us: int,
+    hold_us: int,
 ) -> EditsReport:
     """The verdict on the stored entries (module docstring). ``sent``: the
     slot's row says it was sent; ``broker_lost``: of those, the ones the
     broker lost after taking them (chaos.Chaos.lost_in_broker); ``held``: a
     fault was in force between two instants that can hold a claim back, for
-    up to ``bound_us`` (the takeover bound)."""
+    up to ``hold_us`` (a reconnect's hold of fallback proposals, and a
+    second)."""
     report = EditsReport()
     segments, kept = timelines(attempts, history, failovers, report)
     done = stored_executions(records)
@@ -619,7 +654,7 @@ def judge(
     in_broker = broker_lost([s for s in missing if sent(s)])
     report.lost_in_broker = len(in_broker)
     ends = {
-        (name, at): seg.end_us
+        (name, at): seg
         for name, segs in segments.items()
         for seg in segs
         if seg.version.entry is not None
@@ -634,8 +669,16 @@ def judge(
         # then has the new definition, which sends nothing at or before its
         # commit; counted apart, not as lost (docs/guarantees.md, "Stored
         # schedules")
-        end = ends[slot]
-        if end - slot[1] < bound_us and end < 2**62 and held(slot[1] - US, end + EFFECT_US):
+        # (Not a version a failover put back: the replicas that had read the
+        # lost write may never have known it was in force again.)
+        seg = ends[slot]
+        end = seg.end_us
+        if (
+            not seg.reverted
+            and end - slot[1] < hold_us
+            and end < 2**62
+            and held(slot[1] - US, end + EFFECT_US)
+        ):
             report.dropped_with_version += 1
             report.dropped.append(f"{slot[0]}@{slot[1]} ({t(slot[1])}), replaced at {t(end)}")
             continue
