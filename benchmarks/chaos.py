@@ -28,7 +28,8 @@ Topology (every process real, started here):
 Faults, one at a time in each of two lanes that run side by side (so faults
 of different lanes overlap), in a random order and at random gaps drawn from
 ``--seed``; every kind runs at least once, then more are drawn until
-``--duration`` is used up:
+``--duration`` is used up; a third lane edits stored entries meanwhile
+(below):
 
 * replicas lane: SIGKILL of a replica, then a restart; a pause (SIGSTOP) of a
   replica for longer than the claim lease, then SIGCONT, taken at a random
@@ -42,6 +43,17 @@ of different lanes overlap), in a random order and at random gaps drawn from
   the address moves to it, and a fresh standby of the new primary is made for
   the next one), a broker restart.
 
+The editor lane (``chaos_edits.py``) edits stored entries through
+``Schedules`` and the replicas' database proxy all through the faults, every
+1 to 3 s: four entries get a new interval or crontab, new arguments, are
+disabled and enabled, deleted and added again; single runs (``once-K``) and
+entries limited to N runs (``max-K``) are added; and the failover fault
+silences the standby's link, makes one edit and cuts 1.5 s later (the
+replicas have read it, the promoted standby lacks it). Each write carries a version in its kwargs
+(the worker records it with each execution) and in its ``why`` (the history
+keeps it): the history of the database the run ended on says which writes
+committed, and which a failover lost.
+
 Judged from outside, once every process has stopped: the slots due come from
 the database (each entry's anchor + k * period; crontab instants in the
 crontab's zone), executions from the workers' record file, sends from the slot
@@ -52,7 +64,11 @@ policy (coalesce) did. For each failover the report gives how far behind the
 standby was, how long the address was away, the slots published twice around
 it (the documented bound: a slot whose sender died with the primary, or whose
 write-back came too late, may go out twice with the same task id) and the
-lost writes the replicas and workers found and wrote back.
+lost writes the replicas and workers found and wrote back. For the stored
+entries it counts slots sent under a definition replaced more than 1 s before
+the slot's instant (0 allowed), slots of each version executed twice or lost
+outside outages (0 allowed), and whether each limited entry ran exactly as
+many times as asked (the missed-run policy's share of an outage aside).
 
 Usage::
 
@@ -60,7 +76,9 @@ Usage::
     python benchmarks/chaos.py --duration 75 --seed 7 --lease 5   # what make test runs
     python benchmarks/chaos.py --failover sync      # a synchronous standby
 
-Exit status 0 when nothing executed twice and nothing was lost.
+Exit status 0 when nothing executed twice, nothing was lost, and nothing of a
+stored entry went out under an outdated definition or more (or fewer) times
+than asked.
 """
 
 from __future__ import annotations
@@ -97,6 +115,8 @@ ACCEPTANCE = ROOT / "tests" / "acceptance"
 sys.path[:0] = [str(ROOT), str(ACCEPTANCE), str(ROOT / "tests")]
 
 import sqlalchemy as sa  # noqa: E402
+from chaos_edits import Editor, EditsReport, is_stored  # noqa: E402
+from chaos_edits import judge as judge_edits  # noqa: E402
 from failover import MODES as FAILOVER_MODES  # noqa: E402
 from failover import FailoverPair  # noqa: E402
 from harness import (  # noqa: E402
@@ -195,6 +215,9 @@ UNREACHABLE_AT = re.compile(
 #: cut, until the write-back hold after the address moved has passed
 FAILOVER_BEFORE_US = 10 * US
 FAILOVER_AFTER_US = 10 * US
+#: seconds from the editor's edit to a failover's cut (see pg_failover): the
+#: replicas read a commit within about a second (the feed, every 0.95 s)
+EDIT_BEFORE_CUT = 1.5
 
 
 def now_us() -> int:
@@ -523,6 +546,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     clock_offsets: dict[str, str] = field(default_factory=dict)
     code_under_test: list[str] = field(default_factory=list)
+    #: the stored entries the editor lane edited during the faults (chaos_edits)
+    edits: EditsReport = field(default_factory=EditsReport)
     text: str = ""
 
     @property
@@ -534,6 +559,7 @@ class Report:
             or self.early
             or self.late_sends
             or self.over_bound
+            or not self.edits.ok
         )
 
 
@@ -624,6 +650,8 @@ class Chaos:
         self.outages: dict[str, list[tuple[int, int | None]]] = {}
         #: slot rows written back after a failover (slot_rows)
         self.written_back: set[tuple[str, int]] = set()
+        #: the editor lane (chaos_edits), through the replicas' database proxy
+        self.editor: Editor | None = None
 
     # -- output ---------------------------------------------------------------
 
@@ -748,6 +776,8 @@ class Chaos:
         for replica in self.replicas:
             self.wait_connected(replica, 90)
         self.say("every replica connected")
+        self.editor = Editor(proxied, self.prefix, self.config.seed, now_us)
+        self.editor.open()
 
     def _where(self, broker: str) -> None:
         """Ask a worker which celery_singlebeat it imported (recorded in SB_RECORD)."""
@@ -962,7 +992,21 @@ class Chaos:
         assert pair is not None
         fault = self._fault("postgres failover", "database", "", db_down=True)
         self.say(f"fault: PostgreSQL failover ({pair.mode} standby)")
+        # an edit whose commit the standby may not have yet: which version won
+        # is read from the new primary's history at the end (chaos_edits)
+        edit = None
+        if self.editor is not None:
+            if pair.mode == "async" and pair.link is not None:
+                # The standby falls behind (its link goes silent), as it does
+                # for up to 5 s after a restart of the primary: the edit below
+                # commits on the primary alone, and the replicas have read it
+                # by the cut. (A synchronous standby would hold the commit.)
+                pair.link.blackhole()
+            edit = self.editor.edit_now("right before a failover's cut")
+            self._sleep(EDIT_BEFORE_CUT)
         record = pair.failover()
+        if self.editor is not None:
+            self.editor.after_failover()
         fault.restored_us = int(record.moved_at * US)
         self.failed_over.append((fault, record))
         # the harness reads the new primary; the old one's data is gone
@@ -975,6 +1019,12 @@ class Chaos:
             f"behind; primary stopped -m immediate, standby promoted (timeline "
             f"{record.timeline}), address moved after {record.unavailable_s:.2f}s"
         )
+        if edit is not None:
+            fault.detail += (
+                f"; edit v{edit.v} of {edit.name} "
+                + (f"failed ({edit.error[:60]})" if edit.error else "returned")
+                + f" {(record.cut_at * US - edit.done_us) / 1000:.0f} ms before the cut"
+            )
         pair.add_standby()
         fault.end_us = now_us()
 
@@ -1039,6 +1089,16 @@ class Chaos:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 self.abort.set()
 
+    def edit_lane(self, end: float) -> None:
+        """The third lane: stored entries edited until ``end`` (chaos_edits)."""
+        assert self.editor is not None
+        try:
+            self.editor.run(end, self.abort)
+        except Exception as exc:
+            if not self.abort.is_set():
+                self.errors.append(f"editor: {type(exc).__name__}: {exc}")
+                self.abort.set()
+
     def run_faults(self) -> None:
         end = time.monotonic() + self.config.duration
         infra = ["pg_restart", "pg_outage", "broker_restart"]
@@ -1062,6 +1122,7 @@ class Chaos:
                 args=(self.rng_infra, infra, weights, end),
                 name="lane-infra",
             ),
+            threading.Thread(target=self.edit_lane, args=(end,), name="lane-editor"),
         ]
         for lane in lanes:
             lane.start()
@@ -1334,6 +1395,8 @@ class Chaos:
         return report
 
     def close(self) -> None:
+        if self.editor is not None:
+            self.editor.close()
         try:
             self.group.stop_all()
         finally:
@@ -1376,7 +1439,9 @@ class Chaos:
         self.holds = self.read_holds(beat_logs)
         self.outages = self.read_outages(beat_logs)
         required, optional = self.expected(upto_us)
-        done = self.executions()
+        all_done = self.executions()
+        # the stored entries of the editor lane are judged on their own (chaos_edits)
+        done = {s: t for s, t in all_done.items() if not is_stored(s[0])}
         windows = self.db_windows(rows)
         names: dict[str, str] = {}
         for replica in self.replicas:
@@ -1386,7 +1451,7 @@ class Chaos:
                     names[rid] = proc.name
         worker_logs = [w.log() for w in self.worker_runs]
 
-        self.pause_outcomes(rows, done, names, beat_logs, worker_logs)
+        self.pause_outcomes(rows, all_done, names, beat_logs, worker_logs)
 
         def in_window(slot: tuple[str, int]) -> DbWindow | None:
             return next((w for w in windows if w.contains(slot)), None)
@@ -1467,7 +1532,7 @@ class Chaos:
         report.unexpected = len(unexpected)
         for s in unexpected[:20]:
             report.problems.append(f"executed, but no slot of its entry: {s[0]}@{s[1]}")
-        report.failovers = self.failover_outcomes(published, done, upto_us)
+        report.failovers = self.failover_outcomes(published, all_done, upto_us)
         first_sent = self.first_publishes(beat_logs)
         lost = []
         for slot in sorted(required):
@@ -1498,6 +1563,21 @@ class Chaos:
             )
         for window in windows:
             report.policy_windows.append(self.policy(window, done, first_sent))
+        if self.editor is not None:
+            report.edits = judge_edits(
+                self.editor.attempts,
+                self.editor.history(),
+                read_records(self.record),
+                list(windows),
+                [(int(r.cut_at * US), int(r.moved_at * US)) for _, r in self.failed_over],
+                upto_us,
+                self.started_us,
+                lambda s: rows.get(s, (0,))[0] == 1,
+                self.lost_in_broker,
+                self.fault_near,
+                # a reconnect's hold of fallback proposals (sweep + 2 s), a second more
+                self.lease_us // 3 + 3 * US,
+            )
         # Delays: slot instant -> first publish (the replica's log line, put on
         # the database's clock with that replica's offset), and -> first execution.
         delays: list[Delay] = []
@@ -1536,7 +1616,7 @@ class Chaos:
                 if row[2] == 1 and row[3] < slot[1] - EARLY_TOLERANCE_US
             }
             | {(d.entry, d.slot_us) for d in delays if d.dispatch_s < -tolerance}
-            | {s for s in executed if min(done[s]) < s[1] / US - tolerance}
+            | {s for s in all_done if min(all_done[s]) < s[1] / US - tolerance}
         )
         report.early = len(early)
         for s in early[:20]:
@@ -1801,6 +1881,15 @@ class Chaos:
                 return True
         return False
 
+    def fault_near(self, lo_us: int, hi_us: int) -> bool:
+        """Any fault in force in ``[lo, hi]``, counting on after its end as
+        :meth:`cause` does: one that can hold a claim back."""
+        for f in self.faults:
+            tail = 10 * US if f.db_down else self.lease_us // 3 + US
+            if f.start_us <= hi_us and (f.end_us or 2**62) + tail >= lo_us:
+                return True
+        return False
+
     def cause(self, slot_us: int, delay_s: float, fence: int) -> str:
         """The faults in force between a slot's instant and its send. A fault
         counts on after its end for as long as its effects can last: the
@@ -2000,6 +2089,7 @@ def render(r: Report) -> str:
                 ],
             ),
         ]
+    lines += render_edits(r.edits)
     if r.broker_losses:
         lines += [
             "",
@@ -2011,6 +2101,84 @@ def render(r: Report) -> str:
         lines += ["", "problems:", *(f"  {p}" for p in r.problems)]
     lines += ["", "verdict: " + ("OK" if r.ok else "FAILED")]
     return "\n".join(lines)
+
+
+def render_edits(e: EditsReport) -> list[str]:
+    """The editor lane's section of the report (chaos_edits)."""
+    actions = ", ".join(f"{k} {v}" for k, v in sorted(e.by_action.items()))
+    lines = [
+        "",
+        f"stored entries edited during the faults (through the replicas' database proxy): "
+        f"{e.attempted} edits tried ({actions}); {e.committed} committed (the history of "
+        f"the database the run ended on), {e.failed} not committed (raised), "
+        f"{e.uncertain_committed} committed though they raised, {e.lost_in_failover} "
+        "returned and then lost with a failover",
+        *(f"  at a failover: {line}" for line in e.at_failover),
+        table(
+            ["", "stored slots"],
+            [
+                ("due (after the 1 s a commit takes, outside database outages)", e.due),
+                ("due while the database was away (missed-run policy)", e.in_outage),
+                ("executed", e.executed),
+                (
+                    "sent under a definition replaced more than 1 s before the slot (must be 0)",
+                    e.outdated,
+                ),
+                (
+                    "sent for an instant at or before its definition's commit that was no "
+                    "slot of the definition in force then (must be 0)",
+                    e.premature,
+                ),
+                (
+                    "claimed before an edit, sent after it under the newer definition "
+                    "(a retried publish, a takeover; allowed)",
+                    e.late_newer,
+                ),
+                ("executed at an instant its definition does not have (must be 0)", e.not_a_slot),
+                ("executed twice (must be 0)", e.executed_twice),
+                ("lost (must be 0)", e.lost),
+                (
+                    "dropped with its version: due just before an edit, a fault held its "
+                    "claim past it (below)",
+                    e.dropped_with_version,
+                ),
+                ("lost by the broker (as above)", e.lost_in_broker),
+                (
+                    "limited entries run another number of times than asked (must be 0)",
+                    e.limited_wrong,
+                ),
+            ],
+        ),
+    ]
+    if e.limited:
+        lines.append(
+            table(
+                [
+                    "limited entry",
+                    "first run t (s)",
+                    "asked",
+                    "executed",
+                    "in an outage",
+                    "verdict",
+                ],
+                [
+                    (
+                        x["entry"],
+                        x.get("first_at_s"),
+                        x["asked"],
+                        x["executed"],
+                        x["in_outage"],
+                        x["verdict"],
+                    )
+                    for x in e.limited
+                ],
+            )
+        )
+    if e.dropped:
+        lines += ["dropped with its version:", *(f"  {d}" for d in e.dropped[:20])]
+    if e.problems:
+        lines += ["stored entries' problems:", *(f"  {p}" for p in e.problems[:40])]
+    return lines
 
 
 def run(config: Config) -> Report:

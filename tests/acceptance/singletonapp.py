@@ -261,12 +261,15 @@ def probe(self: Any, i: int) -> int:
     max_retries=None,
     name="singletonapp.slot_probe",
 )
-def slot_probe(self: Any, i: int) -> int:
+def slot_probe(self: Any, i: int, v: int | None = None) -> int:
     """What the chaos run's beats send (``SB_TASK``): one key per entry (its
     argument), so entries falling due together all run; a slot whose key is
-    busy (its previous slot still running) retries rather than being skipped."""
-    record("start", self, tag=str(i))
-    record("end", self, tag=str(i), lost=self.singleton.lost)
+    busy (its previous slot still running) retries rather than being skipped.
+    A stored entry the chaos run edits passes ``v``, the version of its
+    definition the message was sent under: recorded, so that the judge can
+    tell a slot sent under an outdated definition."""
+    record("start", self, tag=str(i), v=v)
+    record("end", self, tag=str(i), lost=self.singleton.lost, v=v)
     return i
 
 

@@ -1,0 +1,741 @@
+"""The chaos run's editor lane: stored entries edited while the faults run,
+and the verdict on what the replicas sent of them.
+
+The editor (:class:`Editor`, a third lane beside the replicas' and the
+infrastructure's, drawn from ``--seed``) goes through ``Schedules`` and the
+same database proxy the replicas use, so outages, restarts and failovers hit
+its writes as they hit the replicas' claims. It keeps four entries
+(``ed-0``..``ed-3``) and edits them all through the run: a new interval or
+crontab, new arguments, disable and enable, delete and (a few seconds later)
+add again; it also adds limited entries: single runs at an instant
+(``once-K``) and interval entries limited to N runs (``max-K``). Every write
+carries a version number ``v`` of the editor's own, in the entry's kwargs (the
+worker records it with each execution) and in the write's ``why`` (the
+history keeps it), so that each execution tells which definition it was sent
+under and the history tells which writes committed.
+
+An edit that raised may still have committed (the commit went out, the
+answer did not come back); an edit that returned may be undone by a failover
+(its commit had not reached the asynchronous standby). So the editor reads an
+entry back before editing it again after an error, and the verdict takes the
+history of the database the run ended on as the truth: a write is committed
+when the history has its version, at the history's instant (the database's
+clock); a write that returned but is missing there was lost with the
+failover that followed it, which put the entry back to its last surviving
+version when the address moved. Before each failover's cut the fault lane
+silences the asynchronous standby's link and makes one edit, 1.5 s before the
+cut: the replicas have read it and the promoted standby lacks it, so that the
+run always meets that case.
+
+The verdict (:func:`judge`), per execution of a stored entry, on the
+database's clock:
+
+* **outdated**: sent under a version replaced more than 1 s (the promise of
+  docs/schedules.md) before the slot's instant, or under one never committed;
+* **premature**: a slot at or before its version's commit that was no slot
+  of the version in force at its instant (no slot before an edit is sent
+  under it); one that was, claimed before the edit and sent after it (a
+  publish retried after a broker restart, a takeover), goes out with the
+  definition its sender has then, as docs/schedules.md says, and is counted
+  apart (*sent late under a newer definition*);
+* **no slot of its version**: an instant the definition it carries does not
+  have (disabled, past its runs, another grid);
+* **executed twice**: one entry and instant executed more than once;
+* **lost**: an instant of the version in force, more than 1 s after its
+  commit and before the next, never executed, unless it fell due while the
+  database was away (the missed-run policy's, as for the static entries) or
+  the broker lost it after taking it; one due less than a reconnect's hold
+  (a sweep and 2 s) and a second before its version was replaced, whose
+  claim a fault held back past the replacement, is counted apart (*dropped
+  with its version*: the new definition sends nothing at or before its
+  commit, and the old one is gone), unless a failover had put that version
+  back (the replicas that had read the lost write may never have known);
+* **limited runs**: each ``once-K`` and ``max-K`` executed exactly as many
+  times as asked, or, when some of its instants fell due in a database
+  outage, no more and no fewer than the missed-run policy leaves (coalesce:
+  the latest missed instant of the outage is sent, the others are not).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from celery_singlebeat import Schedules, stored_entry
+from celery_singlebeat.exceptions import ScheduleNotFound
+from celery_singlebeat.schedules import StoredEntry, with_changes
+from celery_singlebeat.schedules.runs import sequence_of_entry
+
+US = 1_000_000
+TASK = "singletonapp.slot_probe"
+#: who the history says wrote, and how its ``why`` starts (then the version)
+EDITOR = "chaos-editor"
+WHY = "chaos v"
+#: a commit is in effect on every replica within this (docs/schedules.md)
+EFFECT_US = US
+#: the entries the editor keeps all through the run, and the argument (the
+#: worker's singleton key) of each; limited entries take 4100+K and 4200+K
+REGULAR = ("ed-0", "ed-1", "ed-2", "ed-3")
+ARG = 4000
+#: the schedules an edit draws from: intervals of 1 to 3 s, and for ``ed-2``
+#: also whole-minute crontabs (UTC), so an edit moves between the two kinds
+INTERVALS = (1, 2, 3)
+CRONTABS = ("* * * * *", "*/2 * * * *")
+#: every kind once (shuffled), then drawn by weight
+KINDS = {"schedule": 3.0, "kwargs": 2.0, "toggle": 2.0, "delete": 1.2, "once": 1.0, "limited": 1.0}
+#: seconds between two edits
+GAP = (1.0, 3.0)
+#: a limited entry is added only while its runs (at most 8 s after its
+#: commit) end this long before the faults do: judged whole
+LIMITED_MARGIN = 12.0
+
+
+class Window(Protocol):
+    """A database outage's slots (chaos.DbWindow): the missed-run policy's."""
+
+    def contains(self, slot: tuple[str, int]) -> bool: ...
+
+
+@dataclass
+class Attempt:
+    """One write the editor tried, and what the store answered."""
+
+    v: int
+    name: str
+    #: create, recreate, schedule, kwargs, disable, enable, delete, once, limited
+    action: str
+    asked_us: int
+    #: the definition it writes, as the editor believes it (None for a delete)
+    intended: StoredEntry | None
+    note: str = ""
+    #: an update's fields: what it changes on the row as stored
+    fields: dict[str, Any] | None = None
+    done_us: int = 0
+    #: the returned row's revision, created and updated (the database's
+    #: clock); None when it raised (or for a delete, which returns nothing)
+    revision: int | None = None
+    created_us: int | None = None
+    updated_us: int | None = None
+    error: str = ""
+
+
+def _us(when: datetime | None) -> int | None:
+    return None if when is None else int(when.timestamp() * US)
+
+
+def _at(us: int) -> datetime:
+    return datetime.fromtimestamp(us / US, timezone.utc)
+
+
+class Editor:
+    """The editor lane: one ``Schedules`` through the run's database proxy."""
+
+    def __init__(self, url: str, prefix: str, seed: int, now_us: Callable[[], int]) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.rng = random.Random(f"{seed}-editor")
+        self.now_us = now_us
+        #: the lane's thread and the failover fault's edit take turns
+        self.lock = threading.Lock()
+        self.attempts: list[Attempt] = []
+        #: what the editor believes stored (None: deleted); a name in
+        #: ``unknown`` is read back before its next edit
+        self.current: dict[str, StoredEntry | None] = {}
+        self.unknown: set[str] = set()
+        #: deleted entries and when (monotonic) to add them again
+        self.recreate_at: dict[str, float] = {}
+        self.limited = 0
+        self.schedules: Schedules | None = None
+
+    # -- writing ------------------------------------------------------------
+
+    def open(self) -> None:
+        """The regular entries, before the faults start (these must commit)."""
+        self.schedules = Schedules(self.url, table_prefix=self.prefix, by=EDITOR)
+        for name in REGULAR:
+            attempt = self._create(name, "create")
+            if attempt.error:
+                raise RuntimeError(f"editor: creating {name} failed: {attempt.error}")
+
+    def _write(
+        self,
+        action: str,
+        name: str,
+        intended: StoredEntry | None,
+        call: Callable[[str], StoredEntry | None],
+        note: str = "",
+        fields: dict[str, Any] | None = None,
+    ) -> Attempt:
+        attempt = Attempt(
+            len(self.attempts) + 1, name, action, self.now_us(), intended, note, fields=fields
+        )
+        self.attempts.append(attempt)
+        try:
+            result = call(f"{WHY}{attempt.v} {action}")
+        except Exception as exc:  # an outage, a failover: committed or not, read later
+            attempt.error = f"{type(exc).__name__}: {exc}"[:300]
+            self.unknown.add(name)
+        else:
+            if result is not None:
+                attempt.revision = result.revision
+                attempt.created_us = _us(result.created)
+                attempt.updated_us = _us(result.updated)
+            self.current[name] = result
+        attempt.done_us = self.now_us()
+        return attempt
+
+    def _kwargs(self) -> dict[str, int]:
+        return {"v": len(self.attempts) + 1}
+
+    def _draw_schedule(self, name: str, current: object = None) -> Any:
+        choices: list[Any] = [timedelta(seconds=s) for s in INTERVALS]
+        if name == "ed-2":
+            choices = [{"crontab": c, "tz": "UTC"} for c in CRONTABS] + [timedelta(seconds=2)]
+        while True:
+            drawn = self.rng.choice(choices)
+            candidate = stored_entry(name, TASK, drawn, args=[0])
+            if current is None or candidate.schedule != current:
+                return drawn
+
+    def _create(self, name: str, action: str) -> Attempt:
+        assert self.schedules is not None
+        schedules = self.schedules
+        entry = stored_entry(
+            name,
+            TASK,
+            self._draw_schedule(name),
+            args=[ARG + REGULAR.index(name)],
+            kwargs=self._kwargs(),
+        )
+        return self._write(action, name, entry, lambda why: schedules.upsert(entry, why=why))
+
+    def _update(self, action: str, name: str, note: str = "", **fields: Any) -> Attempt:
+        assert self.schedules is not None
+        schedules = self.schedules
+        current = self.current[name]
+        assert current is not None
+        fields["kwargs"] = self._kwargs()
+        intended = with_changes(current, **fields)
+        return self._write(
+            action,
+            name,
+            intended,
+            lambda why: schedules.update(name, why=why, **fields),
+            note,
+            dict(fields),
+        )
+
+    def _sync(self) -> None:
+        """Read back what an error left unknown: which write won, if any."""
+        assert self.schedules is not None
+        for name in sorted(self.unknown):
+            try:
+                self.current[name] = self.schedules.get(name)
+            except ScheduleNotFound:
+                self.current[name] = None
+            except Exception:
+                continue  # still away: read again before the next edit
+            self.unknown.discard(name)
+
+    def _editable(self) -> list[str]:
+        return [
+            n
+            for n in REGULAR
+            if n not in self.unknown and self.current.get(n) is not None
+            and n not in self.recreate_at
+        ]  # fmt: skip
+
+    def step(self, kind: str, end: float) -> None:
+        """One edit of ``kind`` (or, when it cannot apply now, a kwargs edit)."""
+        assert self.schedules is not None
+        schedules = self.schedules
+        self._sync()
+        due = [n for n, at in sorted(self.recreate_at.items()) if at <= time.monotonic()]
+        if due and due[0] not in self.unknown:
+            del self.recreate_at[due[0]]
+            self._create(due[0], "recreate")
+            return
+        if kind in ("once", "limited") and time.monotonic() + LIMITED_MARGIN > end:
+            kind = "kwargs"
+        if kind in ("once", "limited"):
+            k = self.limited
+            self.limited += 1
+            if kind == "once":
+                at = _at(self.now_us() + int(self.rng.uniform(2.0, 6.0) * US))
+                entry = stored_entry(
+                    f"once-{k}", TASK, at, args=[ARG + 100 + k], kwargs=self._kwargs()
+                )
+            else:
+                entry = stored_entry(
+                    f"max-{k}",
+                    TASK,
+                    timedelta(seconds=1),
+                    args=[ARG + 200 + k],
+                    kwargs=self._kwargs(),
+                    max_runs=self.rng.randint(2, 4),
+                )
+            self._write(kind, entry.name, entry, lambda why: schedules.upsert(entry, why=why))
+            return
+        names = self._editable()
+        if not names:
+            return
+        name = self.rng.choice(names)
+        current = self.current[name]
+        assert current is not None
+        if kind == "schedule":
+            self._update("schedule", name, schedule=self._draw_schedule(name, current.schedule))
+        elif kind == "toggle":
+            action = "disable" if current.enabled else "enable"
+            self._update(action, name, enabled=not current.enabled)
+        elif kind == "delete":
+            self.recreate_at[name] = time.monotonic() + self.rng.uniform(2.0, 5.0)
+            self._write("delete", name, None, lambda why: schedules.delete(name, why=why))
+        else:
+            self._update("kwargs", name)
+
+    def edit_now(self, note: str) -> Attempt | None:
+        """A kwargs edit at once (the failover fault's, right before its cut)."""
+        with self.lock:
+            self._sync()
+            names = self._editable()
+            if not names:
+                return None
+            return self._update("kwargs", self.rng.choice(names), note=note)
+
+    def after_failover(self) -> None:
+        """A failover may have undone what the editor believes stored: every
+        entry is read back before its next edit."""
+        with self.lock:
+            self.unknown.update(REGULAR)
+
+    def run(self, end: float, abort: threading.Event) -> None:
+        """Edits at random gaps until ``end`` (monotonic): every kind once, then by weight."""
+        first = list(KINDS)
+        self.rng.shuffle(first)
+        while not abort.wait(self.rng.uniform(*GAP)) and time.monotonic() < end:
+            kind = first.pop(0) if first else self.rng.choices(list(KINDS), list(KINDS.values()))[0]
+            with self.lock:
+                self.step(kind, end)
+
+    def history(self) -> list[Any]:
+        """The history of the database the run ended on (retried while it is away)."""
+        assert self.schedules is not None
+        for _ in range(30):
+            try:
+                return self.schedules.log(limit=100_000)
+            except Exception:
+                time.sleep(1.0)
+        return self.schedules.log(limit=100_000)
+
+    def close(self) -> None:
+        if self.schedules is not None:
+            self.schedules.close()
+
+
+# -- the verdict -------------------------------------------------------------------
+
+
+@dataclass
+class Version:
+    """One committed state of an entry from its commit (the database's
+    clock): its definition as stored, disabled too (None: deleted)."""
+
+    v: int
+    stored: StoredEntry | None
+    since_us: int
+
+    @property
+    def entry(self) -> StoredEntry | None:
+        """The definition the replicas run (None: disabled or deleted)."""
+        return self.stored if self.stored is not None and self.stored.enabled else None
+
+
+@dataclass
+class Segment:
+    start_us: int
+    end_us: int
+    version: Version
+    #: in force again because a failover lost the writes after it
+    reverted: bool = False
+
+
+@dataclass
+class EditsReport:
+    """What became of the stored entries' edits and slots (module docstring)."""
+
+    attempted: int = 0
+    #: in the history of the database the run ended on
+    committed: int = 0
+    #: raised, and not in that history: not committed
+    failed: int = 0
+    #: raised, yet in that history: committed, the answer lost
+    uncertain_committed: int = 0
+    #: returned, then lost with a failover (not in that history)
+    lost_in_failover: int = 0
+    by_action: dict[str, int] = field(default_factory=dict)
+    #: the edits made right before a failover's cut, and their fate
+    at_failover: list[str] = field(default_factory=list)
+    #: every edit tried: what, when (UTC, the database's clock) and its fate
+    log: list[dict[str, Any]] = field(default_factory=list)
+    due: int = 0
+    in_outage: int = 0
+    executed: int = 0
+    executed_twice: int = 0
+    lost: int = 0
+    lost_in_broker: int = 0
+    outdated: int = 0
+    premature: int = 0
+    #: slots of the version in force at their instant, sent after a later
+    #: edit under the newer definition (a retried publish, a takeover): allowed
+    late_newer: int = 0
+    #: missing slots due less than a reconnect's hold before their version was
+    #: replaced, whose claim a fault held back past the replacement
+    dropped_with_version: int = 0
+    dropped: list[str] = field(default_factory=list)
+    not_a_slot: int = 0
+    limited: list[dict[str, Any]] = field(default_factory=list)
+    limited_wrong: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.outdated
+            or self.premature
+            or self.not_a_slot
+            or self.executed_twice
+            or self.lost
+            or self.limited_wrong
+        )
+
+
+def stored_executions(
+    records: Iterable[dict[str, Any]],
+) -> dict[tuple[str, int], list[tuple[float, int | None]]]:
+    """(entry, slot) -> [(start, version)] of every stored entry's execution
+    (a slot's start records, one per execution: task id, process, token)."""
+    out: dict[tuple[str, int], list[tuple[float, int | None]]] = defaultdict(list)
+    seen: set[tuple[Any, ...]] = set()
+    for rec in records:
+        if rec["event"] != "start" or rec["task"] != TASK or not rec.get("slot"):
+            continue
+        entry, slot_us = rec["slot"][0], int(rec["slot"][1])
+        ident = (rec["task_id"], rec["pid"], rec["token"])
+        if not is_stored(entry) or ident in seen:
+            continue
+        seen.add(ident)
+        out[(entry, slot_us)].append((rec["at"], rec.get("v")))
+    return out
+
+
+def is_stored(entry: str) -> bool:
+    return entry.startswith(("ed-", "once-", "max-"))
+
+
+def is_limited(entry: str) -> bool:
+    return entry.startswith(("once-", "max-"))
+
+
+def instants(entry: StoredEntry, after_us: int, upto_us: int) -> list[int]:
+    """The definition's slots in (after, upto], as the engine computes them."""
+    assert entry.created is not None
+    sequence = sequence_of_entry(entry, _us(entry.created) or 0, timezone.utc)
+    out: list[int] = []
+    at: int | None = after_us
+    while True:
+        assert at is not None
+        at = sequence.next_after(at)
+        if at is None or at > upto_us:
+            return out
+        out.append(at)
+
+
+def timelines(
+    attempts: list[Attempt],
+    history: list[Any],
+    failovers: list[tuple[int, int]],
+    report: EditsReport,
+) -> tuple[dict[str, list[Segment]], set[int]]:
+    """Each entry's versions in force, from the history that survived and the
+    writes a failover lost (``failovers``: (cut, moved) on the database's
+    clock), and the versions that history has; counts each attempt's fate
+    into ``report``."""
+    by_v = {a.v: a for a in attempts}
+    kept: dict[int, Any] = {}
+    for row in history:
+        if row.by == EDITOR and row.why.startswith(WHY):
+            kept[int(row.why[len(WHY) :].split()[0])] = row
+    # (at, order, v, action, survived): a revert (order 0) before a write at the same instant
+    events: dict[str, list[tuple[int, int, int, str, bool]]] = defaultdict(list)
+    for v, row in kept.items():
+        events[row.name].append((row.at_us, 1, v, row.action, True))
+    report.attempted = len(attempts)
+    report.by_action = dict(Counter(a.action for a in attempts))
+    for a in attempts:
+        if a.v in kept:
+            report.committed += 1
+            report.uncertain_committed += bool(a.error)
+            fate = f"committed (revision {kept[a.v].revision})"
+        elif a.error:
+            report.failed += 1
+            fate = "not committed (" + a.error[:80] + ")"
+        else:
+            report.lost_in_failover += 1
+            # a delete returns no row: the moment it returned, after its commit
+            at = a.updated_us or a.done_us
+            moved = next((m for cut, m in failovers if m >= at), None)
+            if moved is None:
+                report.problems.append(
+                    f"edit v{a.v} ({a.action} {a.name}) returned, yet the history of the "
+                    "database has no trace of it and no failover followed"
+                )
+                moved = 2**62
+            reverted = "never" if moved == 2**62 else _at(moved).isoformat()
+            fate = (
+                f"lost with the failover (returned at {_at(at).isoformat()}, reverted {reverted})"
+            )
+            created = a.created_us is not None and a.created_us == a.updated_us
+            action = "deleted" if a.action == "delete" else "created" if created else "changed"
+            events[a.name].append((at, 1, a.v, action, False))
+            events[a.name].append((moved, 0, 0, "revert", False))
+        if a.note:
+            report.at_failover.append(f"v{a.v} {a.action} {a.name} ({a.note}): {fate}")
+        report.log.append(
+            {
+                "v": a.v,
+                "entry": a.name,
+                "action": a.action,
+                "asked": _at(a.asked_us).isoformat(timespec="milliseconds"),
+                "returned": _at(a.done_us).isoformat(timespec="milliseconds"),
+                "revision": kept[a.v].revision if a.v in kept else a.revision,
+                "committed": (
+                    _at(kept[a.v].at_us).isoformat(timespec="milliseconds") if a.v in kept else None
+                ),
+                "schedule": None if a.intended is None else str(a.intended.schedule),
+                "enabled": None if a.intended is None else a.intended.enabled,
+                "fate": fate,
+                "note": a.note,
+            }
+        )
+    out: dict[str, list[Segment]] = {}
+    for name, items in events.items():
+        segments: list[Segment] = []
+        # the state each write applied to: a surviving write to the last
+        # surviving state (the new primary's), a lost one to the last of all
+        # (the old primary's); an update is a delta on it, not the editor's
+        # belief, which a lost write had led astray
+        last: Version | None = None
+        surviving: Version | None = None
+        for at, _, v, action, survived in sorted(items):
+            if action == "revert":
+                new = surviving
+            elif action == "deleted":
+                new = Version(v, None, at)
+            else:
+                attempt = by_v[v]
+                base = (surviving if survived else last) if action == "changed" else None
+                if attempt.fields is not None and base is not None and base.stored is not None:
+                    stored = with_changes(base.stored, **attempt.fields)
+                else:
+                    assert attempt.intended is not None
+                    stored = attempt.intended
+                    if base is not None and base.stored is not None:
+                        stored = replace(stored, created=base.stored.created)
+                if action == "created" or stored.created is None:
+                    stored = replace(stored, created=_at(at))
+                new = Version(v, replace(stored, updated=_at(at)), at)
+            last = new
+            if survived:
+                surviving = new
+            if segments:
+                segments[-1].end_us = at
+            if new is not None:
+                segments.append(Segment(at, 2**62, new, reverted=action == "revert"))
+        out[name] = segments
+    return out, set(kept)
+
+
+def judge(
+    attempts: list[Attempt],
+    history: list[Any],
+    records: Iterable[dict[str, Any]],
+    windows: list[Window],
+    failovers: list[tuple[int, int]],
+    upto_us: int,
+    started_us: int,
+    sent: Callable[[tuple[str, int]], bool],
+    broker_lost: Callable[[list[tuple[str, int]]], set[tuple[str, int]]],
+    held: Callable[[int, int], bool],
+    hold_us: int,
+) -> EditsReport:
+    """The verdict on the stored entries (module docstring). ``sent``: the
+    slot's row says it was sent; ``broker_lost``: of those, the ones the
+    broker lost after taking them (chaos.Chaos.lost_in_broker); ``held``: a
+    fault was in force between two instants that can hold a claim back, for
+    up to ``hold_us`` (a reconnect's hold of fallback proposals, and a
+    second)."""
+    report = EditsReport()
+    segments, kept = timelines(attempts, history, failovers, report)
+    done = stored_executions(records)
+
+    def t(us: int) -> str:
+        return f"t+{(us - started_us) / US:.1f}s"
+
+    def in_window(slot: tuple[str, int]) -> bool:
+        return any(w.contains(slot) for w in windows)
+
+    # each execution against the versions of its entry
+    for slot, runs in sorted(done.items()):
+        name, at = slot
+        if len(runs) > 1:
+            report.executed_twice += 1
+            report.problems.append(f"stored slot executed {len(runs)}x: {name}@{at} ({t(at)})")
+        for _, v in runs:
+            mine = [s for s in segments.get(name, []) if s.version.v == v]
+            if not mine:
+                report.outdated += 1
+                report.problems.append(
+                    f"outdated: {name}@{at} ({t(at)}) sent under v{v}, never committed"
+                )
+                continue
+            if any(s.start_us < at <= s.end_us + EFFECT_US for s in mine):
+                entry = next(s.version.entry for s in mine)
+                if entry is None or at not in instants(entry, at - 1, at):
+                    report.not_a_slot += 1
+                    report.problems.append(
+                        f"no slot of its version: {name}@{at} ({t(at)}) under v{v}"
+                    )
+            elif at <= min(s.start_us for s in mine):
+                then = next((s for s in segments[name] if s.start_us < at <= s.end_us), None)
+                in_force = None if then is None else then.version.entry
+                if in_force is not None and at in instants(in_force, at - 1, at):
+                    # a slot of the version in force at its instant, claimed
+                    # then and sent after a later edit (a publish retried, a
+                    # takeover): out with the definition its sender had then,
+                    # as docs/schedules.md says; once, which is what counts
+                    report.late_newer += 1
+                    continue
+                report.premature += 1
+                report.problems.append(
+                    f"premature: {name}@{at} ({t(at)}) sent under v{v}, committed at "
+                    f"{t(min(s.start_us for s in mine))}"
+                )
+            else:
+                replaced = max(s.end_us for s in mine if s.end_us < at)
+                report.outdated += 1
+                report.problems.append(
+                    f"outdated: {name}@{at} ({t(at)}) sent under v{v}, replaced at "
+                    f"{t(replaced)} ({(at - replaced) / US:.2f}s before the slot)"
+                )
+    report.executed = sum(1 for slot in done if slot[1] <= upto_us)
+
+    # every instant of the version in force, past the second after its commit
+    required: list[tuple[str, int]] = []
+    for name, segs in segments.items():
+        if is_limited(name):
+            continue
+        for seg in segs:
+            entry = seg.version.entry
+            if entry is None:
+                continue
+            for at in instants(entry, seg.start_us + EFFECT_US, min(seg.end_us - 1, upto_us)):
+                if in_window((name, at)):
+                    report.in_outage += 1
+                else:
+                    required.append((name, at))
+    report.due = len(required)
+    missing = [s for s in required if s not in done]
+    in_broker = broker_lost([s for s in missing if sent(s)])
+    report.lost_in_broker = len(in_broker)
+    ends = {
+        (name, at): seg
+        for name, segs in segments.items()
+        for seg in segs
+        if seg.version.entry is not None
+        for at in instants(seg.version.entry, seg.start_us, min(seg.end_us - 1, upto_us))
+    }
+    lost = []
+    for slot in missing:
+        if slot in in_broker:
+            continue
+        # A slot due shortly before its version was replaced, whose claim a
+        # fault held back past the replacement: the replica that proposes it
+        # then has the new definition, which sends nothing at or before its
+        # commit; counted apart, not as lost (docs/guarantees.md, "Stored
+        # schedules")
+        # (Not a version a failover put back: the replicas that had read the
+        # lost write may never have known it was in force again.)
+        seg = ends[slot]
+        end = seg.end_us
+        if (
+            not seg.reverted
+            and end - slot[1] < hold_us
+            and end < 2**62
+            and held(slot[1] - US, end + EFFECT_US)
+        ):
+            report.dropped_with_version += 1
+            report.dropped.append(f"{slot[0]}@{slot[1]} ({t(slot[1])}), replaced at {t(end)}")
+            continue
+        lost.append(slot)
+    report.lost = len(lost)
+    for name, at in lost[:20]:
+        report.problems.append(f"stored slot lost: {name}@{at} ({t(at)})")
+
+    # limited entries: exactly as many runs as asked
+    for a in attempts:
+        if a.action not in ("once", "limited"):
+            continue
+        name = a.name
+        runs = sum(len(r) for (e, _), r in done.items() if e == name)
+        segs = segments.get(name, [])
+        line: dict[str, Any] = {"entry": name, "asked": 1, "executed": runs, "in_outage": 0}
+        if a.intended is not None and a.intended.max_runs is not None:
+            line["asked"] = a.intended.max_runs
+        if not segs:
+            line["verdict"] = "not created (its write failed): must not run"
+            wrong = runs > 0
+        elif a.v not in kept and not a.error:
+            # the replicas may have followed it before the failover: what
+            # they did with it then is in the outdated count, not here
+            line["verdict"] = "created, then lost with a failover: not judged"
+            wrong = False
+        elif all(not s.version.entry or s.version.v != a.v for s in segs):
+            line["verdict"] = "replaced before it ran: not judged"
+            wrong = False
+        else:
+            entry = next(s.version.entry for s in segs if s.version.entry is not None)
+            assert entry is not None
+            asked = instants(entry, 0, 2**62)
+            line["asked"] = len(asked)
+            line["first_at_s"] = round((asked[0] - started_us) / US, 1)
+            missed = sum(1 for at in asked if in_window((name, at)))
+            line["in_outage"] = missed
+            if asked[-1] > upto_us:
+                line["verdict"] = "runs after the judged window: not judged"
+                wrong = False
+            elif missed:
+                # coalesce: of an outage's missed instants, the latest is sent
+                wrong = not (len(asked) - missed <= runs <= len(asked))
+                line["verdict"] = (
+                    f"{missed} instant(s) in a database outage (missed-run policy): "
+                    + ("within what it allows" if not wrong else "WRONG")
+                )
+            else:
+                wrong = runs != len(asked)
+                line["verdict"] = "exact" if not wrong else "WRONG"
+        report.limited.append(line)
+        if wrong:
+            report.limited_wrong += 1
+            report.problems.append(
+                f"limited entry {name}: asked {line['asked']}, executed {runs} ({line['verdict']})"
+            )
+    return report
+
+
+__all__ = ["EDITOR", "Attempt", "Editor", "EditsReport", "judge", "stored_executions"]
