@@ -305,6 +305,19 @@ _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
                 slot_us BIGINT PATH '$[1]',
                 fence BIGINT PATH '$[2]')) c"""
 
+#: MySQL/MariaDB: the replica's row upserted (the heartbeat's write)
+_MY_HEARTBEAT = f"""
+        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
+            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
+        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
+            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
+        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
+            lost_writes = VALUES(lost_writes),
+            catalog = COALESCE(VALUES(catalog), catalog),
+            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
+            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
+            version = VALUES(version), stopped_us = NULL"""
+
 MYSQL = Dialect(
     name="mysql",
     now=_MY_NOW,
@@ -407,17 +420,7 @@ MYSQL = Dialect(
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
         ) o ON true""",
     # MySQL has no RETURNING, no writing CTE: the upsert, then the read
-    heartbeat=f"""
-        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
-            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
-            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
-        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
-            lost_writes = VALUES(lost_writes),
-            catalog = COALESCE(VALUES(catalog), catalog),
-            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
-            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
-            version = VALUES(version), stopped_us = NULL""",
+    heartbeat=_MY_HEARTBEAT,
     heartbeat_read=f"""
         SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
                {_SCHEDULES}, {_MY_FLOOR}
@@ -427,17 +430,8 @@ MYSQL = Dialect(
     # MariaDB refuses a subquery on the table an INSERT writes (error 1093)
     # unless a derived table materialises it; RETURNING is evaluated after the
     # upsert, so the live list includes this replica's fresh row
-    heartbeat_returning=f"""
-        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
-            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
-            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
-        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
-            lost_writes = VALUES(lost_writes),
-            catalog = COALESCE(VALUES(catalog), catalog),
-            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
-            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
-            version = VALUES(version), stopped_us = NULL
+    heartbeat_returning=_MY_HEARTBEAT
+    + f"""
         RETURNING seen_us, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
             (SELECT live.ids FROM (SELECT JSON_ARRAYAGG(lr.id) AS ids FROM {{r}} lr
              WHERE {live_replica(_MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
