@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from ..clock import US
 from ..sharing import FALLBACK_DELAY_US, bucket_of, bucket_owners
 from ..slots import MissedPolicy, SlotSequence, sequence_for
 from ..sources import EntryDefinition
@@ -27,6 +28,11 @@ from ..store.base import EntryState
 
 #: how many live sets' shares a replica keeps (64 KB each)
 _SHARES_KEPT = 4
+
+#: how far back before the tick that sees a changed definition its slots are
+#: counted from its commit: the second a change takes to reach every replica,
+#: and as much again for a tick delayed on a loaded machine
+CHANGE_REACH_US = 2 * US
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 
@@ -126,13 +132,23 @@ class Agenda:
         self._place(definition, sequence, sequence.next_after(start))
 
     def change(self, definition: EntryDefinition, state: EntryState, now_us: int) -> None:
-        """Follow ``definition`` from now: its next slot is its first after
-        ``now_us`` (and after the definition's ``since_us``)."""
+        """Follow ``definition`` from its commit (``since_us``): its next slot
+        is its first after that, or after ``now_us`` for a definition without
+        one (``beat_schedule``'s, which are as old as their process).
+
+        A replica learns of a change up to a second after its commit, maybe in
+        the very tick of a slot of the new definition: counted from that tick,
+        such a slot was sent by neither definition (the claim refuses the old
+        one's soon after). The slots between the commit and now are the new
+        definition's, judged by the missed-run policy. Never from further back
+        than :data:`CHANGE_REACH_US`: a definition committed long ago (read
+        again after a failover) starts near now, with no burst of its past.
+        """
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
         start = now_us
-        if definition.since_us is not None and definition.since_us > start:
-            start = definition.since_us
+        if definition.since_us is not None:
+            start = max(definition.since_us, now_us - CHANGE_REACH_US)
         self._place(definition, sequence, sequence.next_after(start))
 
     def remove(self, name: str) -> None:

@@ -276,6 +276,7 @@ class Engine:
             self.sending.send(claimed.won, claimed.started, claimed.taken)
             if self.controls.changed():
                 self.next_sweep = 0.0
+        self.watch.apply_deferred(store.clock.now_us())
         return self._sleep()
 
     def _beat(self, monotonic: float) -> None:

@@ -43,6 +43,9 @@ class SourceWatch:
         self._loaded: list[EntryDefinition] | None = None
         self._tracking = False
         self._writes_back = any(s.writes_back for s in self.sources)
+        #: changed definitions held back to the end of the tick
+        #: (apply_deferred), each with the definition it replaces
+        self._deferred: dict[str, tuple[EntryDefinition, EntryState, EntryDefinition]] = {}
 
     def load(self) -> list[EntryDefinition]:
         """Every source's entries: loaded once per process (a ConfigurationError
@@ -146,12 +149,21 @@ class SourceWatch:
             elif known != definition:
                 changed.append(definition)
         for name in removed:
+            self._deferred.pop(name, None)
             agenda.remove(name)
         states = self._register([d.name for d in added + changed])
         for definition in added:
             agenda.track(definition, states[definition.name], now_us)
         for definition in changed:
-            agenda.change(definition, states[definition.name], now_us)
+            if self._due_before(definition, now_us):
+                # the old definition has a slot due now from before the
+                # change's commit: its own, to claim and send this tick under
+                # the old definition; the change follows at the tick's end
+                old = agenda.definitions[definition.name]
+                self._deferred[definition.name] = (definition, states[definition.name], old)
+            else:
+                self._deferred.pop(definition.name, None)
+                agenda.change(definition, states[definition.name], now_us)
         if not (added or changed or removed):
             return set()
         logger.info(
@@ -163,6 +175,29 @@ class SourceWatch:
             source.label,
         )
         return {d.name for d in added + changed} | set(removed)
+
+    def _due_before(self, definition: EntryDefinition, now_us: int) -> bool:
+        """Whether the entry's old definition has a slot due now whose instant
+        is before ``definition``'s commit (its ``since_us``)."""
+        since = definition.since_us
+        old = self.agenda.tracked.get(definition.name)
+        return (
+            since is not None
+            and old is not None
+            and old.next_us < since
+            and (old.next_us <= now_us)
+        )
+
+    def apply_deferred(self, now_us: int) -> None:
+        """Apply the changes :meth:`poll` held back for the old definitions'
+        due slots, once this tick has claimed and sent them (the messages
+        take the definition the agenda holds when they are sent)."""
+        deferred, self._deferred = self._deferred, {}
+        for definition, state, old in deferred.values():
+            # not if a later change or a removal came meanwhile (a tick that
+            # failed before its end polled again)
+            if self.agenda.definitions.get(definition.name) is old:
+                self.agenda.change(definition, state, now_us)
 
     def _register(self, names: list[str]) -> dict[str, EntryState]:
         if not names:
