@@ -93,6 +93,8 @@ REPLICAS = {"singlebeat": 3, "django": 1}
 NAMES = {"singlebeat": "celery-singlebeat", "django": "django-celery-beat"}
 #: an edit's first send is waited for this long at most (reported as "> cap")
 CAP_S = 60.0
+#: edits made one at a time, each after the last one's first send
+LONE_EDITS = 3
 #: edits a second during the storm; one in STORM_PROBE_EVERY of them a probe's
 STORM_RATE = 10.0
 STORM_PROBE_EVERY = 5
@@ -230,7 +232,11 @@ class Side:
     def edit(self, name: str, kwargs: dict[str, int]) -> None:
         raise NotImplementedError
 
-    def probes(self, enabled: bool) -> None:
+    def probes(self, enabled: bool, which: Sequence[int] = range(PROBES)) -> None:
+        raise NotImplementedError
+
+    def stored(self, names: Sequence[str]) -> dict[str, tuple[bool, int]]:
+        """Each entry's ``enabled`` and kwargs' edit number, as stored now."""
         raise NotImplementedError
 
     def env(self) -> dict[str, str]:
@@ -289,12 +295,16 @@ class Ours(Side):
     def edit(self, name: str, kwargs: dict[str, int]) -> None:
         self.schedules.update(name, kwargs=kwargs, why="bench edit")
 
-    def probes(self, enabled: bool) -> None:
-        for i in range(PROBES):
+    def probes(self, enabled: bool, which: Sequence[int] = range(PROBES)) -> None:
+        for i in which:
             if enabled:
                 self.schedules.enable(f"probe-{i}")
             else:
                 self.schedules.disable(f"probe-{i}")
+
+    def stored(self, names: Sequence[str]) -> dict[str, tuple[bool, int]]:
+        entries = (self.schedules.get(name) for name in names)
+        return {e.name: (e.enabled, int(e.kwargs.get("edit", -1))) for e in entries}
 
     def env(self) -> dict[str, str]:
         return {"BENCH_DB_URL": self.url, "BENCH_PREFIX": self.prefix}
@@ -374,13 +384,22 @@ class Theirs(Side):
         task.kwargs = json.dumps(kwargs)
         task.save()
 
-    def probes(self, enabled: bool) -> None:
+    def probes(self, enabled: bool, which: Sequence[int] = range(PROBES)) -> None:
         from django_celery_beat.models import PeriodicTask
 
-        for i in range(PROBES):
+        for i in which:
             task = PeriodicTask.objects.get(name=f"probe-{i}")
             task.enabled = enabled
             task.save()
+
+    def stored(self, names: Sequence[str]) -> dict[str, tuple[bool, int]]:
+        from django_celery_beat.models import PeriodicTask
+
+        rows = PeriodicTask.objects.filter(name__in=list(names))
+        return {
+            name: (enabled, int(json.loads(kwargs).get("edit", -1)))
+            for name, enabled, kwargs in rows.values_list("name", "enabled", "kwargs")
+        }
 
     def env(self) -> dict[str, str]:
         return {"BENCH_DJANGO_DB": self.url}
@@ -675,6 +694,25 @@ def wait_until(
     return time.time()
 
 
+def switch(side: Side, enabled: bool, beats: Sequence[Beat]) -> int:
+    """Enable or disable every probe, and make sure it stayed so: a scheduler
+    that writes back whole rows it read before the change can undo it
+    (django-celery-beat's sync after a send: the row's every field, its
+    ``enabled`` too). Each switch found undone 3 s later is made again, as an
+    operator would; how many were is returned."""
+    names = [f"probe-{i}" for i in range(PROBES)]
+    side.probes(enabled)
+    redone = 0
+    for _ in range(10):
+        time.sleep(3)
+        undone = [i for i, name in enumerate(names) if side.stored([name])[name][0] != enabled]
+        if not undone:
+            return redone
+        redone += len(undone)
+        side.probes(enabled, undone)
+    raise RuntimeError(f"probes {undone} would not stay {'enabled' if enabled else 'disabled'}")
+
+
 def settled(beats: Sequence[Beat], span: float = 3.0, most: int = 2) -> bool:
     """Whether every replica sent at most ``most`` statements in the last ``span`` s."""
     now = time.time()
@@ -759,17 +797,23 @@ def measure(
 
         # idle: the probes off, nothing else due
         time.sleep(3)
-        side.probes(False)
+        row["switches_redone"] = switch(side, False, beats)
         # the window opens once the change has been taken in: django-celery-beat
         # reloads every entry after it, which is no idle cost
         time.sleep(2)
-        wait_until(lambda: settled(beats), 300, "the replicas to settle", beats)
+        try:
+            wait_until(lambda: settled(beats), 60, "the replicas to settle", beats)
+        except TimeoutError:
+            calm = False  # measured all the same, and said so
+        else:
+            calm = True
         idle_start = time.time()
         time.sleep(plan.idle_s)
         idle_end = time.time()
         time.sleep(0.6)  # the last count past the window
         row["idle"] = {
             "window_s": round(idle_end - idle_start, 1),
+            "settled_before": calm,
             "statements_per_s": statements_per_s(beats, idle_start, idle_end),
             "messages": sum(1 for m in broker.messages() if idle_start <= m.sent <= idle_end),
         }
@@ -777,9 +821,28 @@ def measure(
 
         # edit to send: the probes on again, one probe edit a second
         enabled = time.time()
-        side.probes(True)
+        row["switches_redone"] += switch(side, True, beats)
         wait_until(probe_sent_since(enabled), 120 + 2 * row["startup_s"], "the probes again", beats)
         time.sleep(2)
+
+        # lone edits: each once the last one's first send is 3 s old, so that
+        # a scheduler that reloads everything has finished with the last one
+        lone: list[Edit] = []
+        for k in range(LONE_EDITS):
+            edit(f"probe-{k}", k)
+            lone.append(edits[-1])
+            edits.pop()
+
+            def sent() -> bool:
+                follow(lone[-1:], broker.messages())
+                return lone[-1].latency is not None
+
+            with contextlib.suppress(TimeoutError):
+                wait_until(sent, CAP_S, "a lone edit's first send", beats)
+            time.sleep(3)
+        row["lone"] = {**latency_summary(lone), "samples": [e.latency for e in lone]}
+        log(f"{kind} {size:,}: lone edits {row['lone']}")
+
         steady_start = time.time()
         rate = pace(
             plan.latency_edits,
@@ -844,6 +907,11 @@ def measure(
             round(min(v) - spawned, 2) for v in by_pid.values()
         )
         row["edits"] = [asdict(e) for e in edits if e.probe is not None]
+        # the last edit of each entry, against what is stored at the end: an
+        # edit a scheduler's write-back undid is lost for good
+        last = {e.name: e.number for e in [*lone, *edits]}
+        now_stored = side.stored(list(last))
+        row["edits_lost"] = sorted(n for n, k in last.items() if now_stored[n][1] != k)
         log(
             f"{kind} {size:,}: storm {row['storm']['statements_per_s']['per_replica']}, "
             f"missed {row['storm']['missed']}, doubled {row['storm']['doubled']}"
@@ -890,13 +958,15 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     worst = [v for v in (lat.get("max_s"), storm_lat.get("max_s"))]
     in_effect = (
         lat.get("late_effects", 1) == 0
+        and largest["lone"].get("late_effects", 1) == 0
         and storm_lat.get("late_effects", 1) == 0
         and lat.get("over_cap", 1) == 0
     )
     line(
         in_effect,
         f"an edit in effect within {EFFECT_S:g} s at {largest['entries']:,} entries: "
-        f"late effects {lat.get('late_effects')} (edits a second apart), "
+        f"late effects {largest['lone'].get('late_effects')} (lone edits), "
+        f"{lat.get('late_effects')} (an edit every {results['plan']['latency_every_s']:g} s), "
         f"{storm_lat.get('late_effects')} (storm); first send after the commit "
         f"p50 {seconds(lat.get('p50_s'))} s, max {seconds(worst[0], True)} s "
         f"(the probes run every {PROBE_EVERY_S:g} s, so up to that much of it is the wait for "
@@ -925,6 +995,22 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def notes(results: dict[str, Any]) -> list[str]:
+    """What went wrong beside the figures: lost edits, undone switches."""
+    out = []
+    for r in results["runs"]:
+        said = []
+        if r.get("edits_lost"):
+            said.append(f"{len(r['edits_lost'])} edited entries lost their last edit")
+        if r.get("switches_redone"):
+            said.append(f"{r['switches_redone']} probe enable/disable undone and made again")
+        if r.get("idle", {}).get("settled_before") is False:
+            said.append("idle window opened unsettled")
+        if said:
+            out.append(f"{NAMES[r['scheduler']]}, {r['entries']:,}: " + "; ".join(said))
+    return [*out, ""] if out else []
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     plan = results["plan"]
@@ -947,7 +1033,7 @@ def render(results: dict[str, Any]) -> str:
                     f"{NAMES[r['scheduler']]} x{r['replicas']}",
                     f"{r['entries']:,}",
                     "failed (the JSON has why)",
-                    *[""] * 10,
+                    *[""] * 11,
                 ]
             )
             continue
@@ -959,6 +1045,7 @@ def render(results: dict[str, Any]) -> str:
                 f"{r['seed_s']:.1f}",
                 f"{r['startup_s']:.2f}",
                 f"{r['idle']['statements_per_s']['mean']}",
+                " / ".join(seconds(v, True) for v in r["lone"]["samples"]),
                 f"{seconds(lat.get('p50_s'), True)} / {seconds(lat.get('p99_s'), True)} / "
                 f"{seconds(lat.get('max_s'), True)}",
                 f"{lat.get('late_effects')}/{lat.get('edits')}",
@@ -980,6 +1067,7 @@ def render(results: dict[str, Any]) -> str:
                 "seed s",
                 "start-up s",
                 "idle stmt/s",
+                "lone edits->send s",
                 "edit->send p50/p99/max s",
                 "late",
                 "storm stmt/s",
@@ -994,10 +1082,15 @@ def render(results: dict[str, Any]) -> str:
     )
     out += [
         "start-up: from the processes' start to the first probe published (every entry read",
-        "by then); late: edits under which an older definition was still sent for an instant",
-        f"more than {EFFECT_S:g} s after the commit; django-celery-beat runs 1 replica (two would",
-        "send every run twice), celery-singlebeat 3 (every pod runs beat).",
+        f"by then); lone edits: {LONE_EDITS} edits, each 3 s after the last one's first send;",
+        f"edit->send: an edit every {plan['latency_every_s']:g} s; late: edits under which an "
+        f"older definition was still sent for an instant more than {EFFECT_S:g} s after the "
+        "commit,",
+        f"or first sent more than {EFFECT_S + PROBE_EVERY_S + DISPATCH_SLACK_S:g} s after it; "
+        "django-celery-beat runs 1 replica (two would send every run",
+        "twice), celery-singlebeat 3 (every pod runs beat).",
         "",
+        *notes(results),
         "Targets (celery-singlebeat):",
         *verdicts(results),
     ]
