@@ -1067,7 +1067,7 @@ def render(results: dict[str, Any]) -> str:
                 "seed s",
                 "start-up s",
                 "idle stmt/s",
-                "lone edits->send s",
+                "3 lone edits->send s",
                 "edit->send p50/p99/max s",
                 "late",
                 "storm stmt/s",

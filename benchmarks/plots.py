@@ -318,7 +318,8 @@ def stored_entries(results: Path, out: Path) -> Path:
     )
     edit.set_yscale("log")
     edit.set_ylabel(f"s from an edit's commit to its first send (cap {cap:g} s)")
-    edit.set_title("Edit to send (probes every second)", fontsize=9)
+    every = data.get("plan", {}).get("latency_every_s")
+    edit.set_title(f"Edit to send (an edit every {every:g} s, probes every second)", fontsize=9)
 
     width = 0.8 / (2 * len(kinds))
     n = 0
@@ -353,8 +354,10 @@ def stored_entries(results: Path, out: Path) -> Path:
         ax.set_xticks(sizes, [f"{s:,}" for s in sizes])
         ax.minorticks_off()
         ax.set_xlabel("stored entries")
-    for ax in (start, edit, cost):
+    for ax in (start, edit):
         ax.legend(fontsize=7)
+    # below the bars: above them it would hide the tallest one's label
+    cost.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     start.set_ylim(bottom=0)
     fig.suptitle(
         f"Stored entries at scale, commit {data.get('commit', '?')}\n"
