@@ -26,7 +26,7 @@ would send every run twice). Per scheduler and number of stored entries:
   *late effects*: edits under which an older definition was still sent for an
   instant (our slot, or django-celery-beat's publish) more than 1 s after the
   commit;
-* **edit storm**: :data:`STORM_RATE` edits a second (one in five a probe's,
+* **edit storm**: :data:`STORM_RATE` edits a second (each a probe's with chance 1 in 5,
   the rest a far-apart entry's kwargs) for a window: statements a second per
   replica, and the probes' runs missed or doubled. Ours name their slot
   (``singlebeat_slot``): due slots are each probe's anchor (its ``created``)
@@ -721,12 +721,16 @@ def settled(beats: Sequence[Beat], span: float = 3.0, most: int = 2) -> bool:
     )
 
 
-def pace(count: int, every: float, act: Callable[[int], None]) -> float:
-    """Call ``act(k)`` for k < count, at ``every`` s apart (at once when
-    behind); the achieved rate a second."""
+def pace(
+    count: int, every: float, act: Callable[[int], None], rng: random.Random | None = None
+) -> float:
+    """Call ``act(k)`` for k < count, at ``every`` s apart (moved later by up
+    to ``every`` at random, given ``rng``; at once when behind); the achieved
+    rate a second."""
     t0 = time.time()
     for k in range(count):
-        delay = t0 + k * every - time.time()
+        jitter = rng.uniform(0, every) if rng is not None else 0.0
+        delay = t0 + k * every + jitter - time.time()
         if delay > 0:
             time.sleep(delay)
         act(k)
@@ -868,13 +872,16 @@ def measure(
         storm_start = time.time()
 
         def storm(k: int) -> None:
-            if k % STORM_PROBE_EVERY == 0:
-                probe = (k // STORM_PROBE_EVERY) % PROBES
+            # drawn, not every fifth: every fifth edit would fall at two phases
+            # of the probes' second only, and an edit's effect on the run due
+            # right after it depends on that phase
+            if rng.random() < 1 / STORM_PROBE_EVERY:
+                probe = rng.randrange(PROBES)
                 edit(f"probe-{probe}", probe)
             else:
                 edit(f"bulk-{rng.randrange(size - PROBES)}", None)
 
-        storm_rate = pace(round(plan.storm_s * STORM_RATE), 1 / STORM_RATE, storm)
+        storm_rate = pace(round(plan.storm_s * STORM_RATE), 1 / STORM_RATE, storm, rng)
         storm_end = time.time()
         storm_edits = edits[storm_edits_from:]
         # late slots and the storm edits' first sends, within reason
@@ -986,11 +993,12 @@ def verdicts(results: dict[str, Any]) -> list[str]:
             f"replica (budget {IDLE_BUDGET_LISTEN} where LISTEN reaches it, as here)",
         )
     for r in ours:
-        storm = r["storm"]
+        storm, steady = r["storm"], r["steady"]
         line(
-            storm["missed"] == 0 and storm["doubled"] == 0 and r["steady"]["doubled"] == 0,
-            f"storm at {r['entries']:,}: {storm['missed']} missed, {storm['doubled']} doubled "
-            f"of {storm['runs_due']} probe runs due",
+            storm["missed"] == storm["doubled"] == steady["missed"] == steady["doubled"] == 0,
+            f"0 missed, 0 doubled at {r['entries']:,}: storm {storm['missed']} missed, "
+            f"{storm['doubled']} doubled of {storm['runs_due']} probe runs due; edit stream "
+            f"{steady['missed']} missed, {steady['doubled']} doubled of {steady['runs_due']}",
         )
     return out
 
@@ -1051,9 +1059,9 @@ def render(results: dict[str, Any]) -> str:
                 f"{lat.get('late_effects')}/{lat.get('edits')}",
                 f"{storm['statements_per_s']['mean']}",
                 f"{storm['edits_per_s']:g}",
-                f"{storm['runs_due']}",
-                f"{storm['missed']}",
-                f"{storm['doubled']}",
+                f"{r['steady']['runs_due']} / {storm['runs_due']}",
+                f"{r['steady']['missed']} / {storm['missed']}",
+                f"{r['steady']['doubled']} / {storm['doubled']}",
                 f"{seconds(storm['latency'].get('p50_s'), True)} / "
                 f"{seconds(storm['latency'].get('max_s'), True)}",
             ]
@@ -1072,7 +1080,7 @@ def render(results: dict[str, Any]) -> str:
                 "late",
                 "storm stmt/s",
                 "edits/s",
-                "probe runs due",
+                "probe runs due (stream / storm)",
                 "missed",
                 "doubled",
                 "storm edit->send p50/max s",
