@@ -155,7 +155,7 @@ bench-failover-mariadb: $(STAMP)
 # Stored entries at 10,000 and 100,000: 3 singlebeat replicas against one
 # django-celery-beat DatabaseScheduler, in PostgreSQL databases of the run's own
 # (start-up, edit to send, idle and storm statements, missed and doubled runs;
-# benchmarks/README.md), about 25 minutes; writes results/stored-latest.json.
+# benchmarks/README.md), about 15 minutes; writes results/stored-latest.json.
 bench-stored: $(STAMP)
 	$(BIN)/python benchmarks/bench_stored.py
 
