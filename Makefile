@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo test test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -171,6 +171,13 @@ bench-failover: $(STAMP)
 # (AFTER_SYNC); about 4 minutes; writes results/failover-mariadb-latest.json.
 bench-failover-mariadb: $(STAMP)
 	$(BIN)/python benchmarks/bench_failover.py --database mariadb --mode both --failovers 3 --seed 1
+
+# Stored entries at 10,000 and 100,000: 3 singlebeat replicas against one
+# django-celery-beat DatabaseScheduler, in PostgreSQL databases of the run's own
+# (start-up, edit to send, idle and storm statements, missed and doubled runs;
+# benchmarks/README.md), about 15 minutes; writes results/stored-latest.json.
+bench-stored: $(STAMP)
+	$(BIN)/python benchmarks/bench_stored.py
 
 # 5 beat replicas, 2 workers, own PostgreSQL and Redis, 10 minutes of seeded faults
 # (benchmarks/README.md); exits non-zero if a slot ran twice or was lost.

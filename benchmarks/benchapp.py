@@ -31,7 +31,11 @@ the same code and only the scheduler differs:
 * ``BENCH_STATS=1``: write ``BENCH-STATS <unix µs> <statements>`` every 0.5 s,
   the SQL statements the process sent so far (all of them the store's); with
   ``BENCH_REPLICA=<i>`` (set by the harness) the database sessions are named
-  ``bench-replica-<i>`` (``application_name``).
+  ``bench-replica-<i>`` (``application_name``). Under ``BENCH_SCHEDULER=django``
+  the statements are the ones Django's connection runs (an execute wrapper).
+* ``BENCH_MAX_LOOP``: ``beat_max_loop_interval`` in seconds (1 unless set);
+  empty leaves it unset, so each scheduler sleeps as long as its own default
+  allows (5 s for singlebeat and for django-celery-beat).
 
 ``bench_singleton.py`` runs it as a ``celery worker -P solo`` instead: tasks
 ``benchapp.empty`` (a plain task) and ``benchapp.singleton_empty`` (a
@@ -55,6 +59,7 @@ Run as a script it is a baseline instead of a beat:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -93,9 +98,6 @@ app = Celery("benchapp", broker=os.environ.get("BENCH_BROKER", "redis://127.0.0.
 app.conf.update(
     beat_scheduler=SCHEDULERS.get(kind, SCHEDULERS["default"]),
     task_default_queue=queue,
-    # Every scheduler loops at least once a second: singlebeat needs a lease
-    # longer than the loop, and the others then wake up as often.
-    beat_max_loop_interval=1,
     broker_connection_retry_on_startup=True,
     singlebeat_url=os.environ.get("BENCH_DB_URL"),
     singlebeat_table_prefix=os.environ.get("BENCH_PREFIX", "singlebeat_"),
@@ -106,6 +108,12 @@ app.conf.update(
     redbeat_lock_timeout=float(os.environ.get("BENCH_REDBEAT_LOCK_TIMEOUT", "300")),
     beat_schedule={},
 )
+# Every scheduler loops at least once a second unless BENCH_MAX_LOOP says
+# otherwise: singlebeat needs a lease longer than the loop, and the others then
+# wake up as often. bench_stored.py measures each at its own default instead.
+_max_loop = os.environ.get("BENCH_MAX_LOOP", "1")
+if _max_loop:
+    app.conf.beat_max_loop_interval = float(_max_loop)
 if os.environ.get("BENCH_REDBEAT_RETRY_PERIOD"):
     app.conf.redbeat_redis_options = {
         "retry_period": float(os.environ["BENCH_REDBEAT_RETRY_PERIOD"])
@@ -147,6 +155,11 @@ def probe(i: int) -> int:
     return i
 
 
+@app.task(name="benchapp.stored")
+def stored(probe: int | None = None, bulk: int | None = None, edit: int = 0) -> None:
+    """bench_stored.py's entries: which one, and the edit it was sent under."""
+
+
 @app.task(name="benchapp.empty")
 def empty() -> None:
     """The baseline of bench_singleton.py: a plain task that does nothing."""
@@ -162,6 +175,8 @@ def singleton_empty() -> None:
 
 
 _statements: Any = None
+#: context managers entered for the life of the process (_count_statements)
+_entered = contextlib.ExitStack()
 
 
 @app.task(name="benchapp.mark")
@@ -204,11 +219,24 @@ def _count_statements() -> None:
 
     sent = [0]
 
-    # Every engine's: the store's is the only one in a beat process. Counted
-    # where SqlStore.round_trips counts, before each cursor execute.
-    @event.listens_for(Engine, "before_cursor_execute")
-    def _count(*_: Any) -> None:
-        sent[0] += 1
+    if kind == "django":
+        from django.db import connection
+
+        def _wrapped(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+            sent[0] += 1
+            return execute(sql, params, many, context)
+
+        # Django's connections are per thread, and DatabaseScheduler queries from
+        # beat's (this one); the wrapper stays on the connection object across
+        # the reconnections close_old_connections makes, so it is never exited
+        # (and kept referenced: a collected context manager would remove it).
+        _entered.enter_context(connection.execute_wrapper(_wrapped))
+    else:
+        # Every engine's: the store's is the only one in a beat process. Counted
+        # where SqlStore.round_trips counts, before each cursor execute.
+        @event.listens_for(Engine, "before_cursor_execute")
+        def _count(*_: Any) -> None:
+            sent[0] += 1
 
     def report() -> None:
         while True:

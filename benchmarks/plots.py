@@ -272,7 +272,103 @@ def dispatch_delay(results: Path, out: Path) -> Path:
     return save(fig, out, "dispatch-delay.png")
 
 
-FIGURES = (throughput, silent_gap, dispatch_delay)
+def stored_entries(results: Path, out: Path) -> Path:
+    """Stored entries at scale (stored-latest.json): start-up, edit to send,
+    and statements a second per replica, ours against django-celery-beat's."""
+    data = load(results, "stored-latest.json")
+    runs = [r for r in data.get("runs") or [] if "storm" in r]
+    kinds = [k for k in ("singlebeat", "django") if any(r["scheduler"] == k for r in runs)]
+    if not kinds:
+        raise MissingData("stored-latest.json: no complete run")
+    fig, (start, edit, cost) = plt.subplots(1, 3, figsize=(13, 4))
+    sizes = sorted({r["entries"] for r in runs})
+    cap = 60.0
+
+    def rows(kind: str) -> list[dict[str, Any]]:
+        return sorted((r for r in runs if r["scheduler"] == kind), key=lambda r: r["entries"])
+
+    def label(kind: str) -> str:
+        return f"{LABELS[kind]} ({rows(kind)[0]['replicas']} replica(s))"
+
+    for kind in kinds:
+        mine = rows(kind)
+        start.plot(
+            [r["entries"] for r in mine],
+            [need(r, "startup_s", "stored-latest.json") for r in mine],
+            "-o",
+            color=COLOURS[kind],
+            label=label(kind),
+        )
+        for key, style, what in (("p50_s", "-o", "p50"), ("max_s", "--x", "max")):
+            values = [r["latency"].get(key) for r in mine]
+            cap = float(mine[0]["latency"].get("cap_s", cap))
+            # an edit never sent within the cap is drawn at the cap
+            edit.plot(
+                [r["entries"] for r in mine],
+                [cap if v is None else v for v in values],
+                style,
+                color=COLOURS[kind],
+                label=f"{SHORT[kind]}, {what}",
+            )
+    start.axhline(10, color="k", linestyle=":", linewidth=1, label="target at 100,000: 10 s")
+    start.set_ylabel("s from the processes' start to the first probe sent")
+    start.set_title("Start-up", fontsize=9)
+    edit.axhline(
+        2.0, color="k", linestyle=":", linewidth=1, label="1 s to take effect + 1 s to the next run"
+    )
+    edit.set_yscale("log")
+    edit.set_ylabel(f"s from an edit's commit to its first send (cap {cap:g} s)")
+    every = data.get("plan", {}).get("latency_every_s")
+    edit.set_title(f"Edit to send (an edit every {every:g} s, probes every second)", fontsize=9)
+
+    width = 0.8 / (2 * len(kinds))
+    n = 0
+    for kind in kinds:
+        for phase, hatch in (("idle", ""), ("storm", "//")):
+            values = [
+                need(
+                    next(r for r in rows(kind) if r["entries"] == size)[phase],
+                    "statements_per_s",
+                    phase,
+                )["mean"]
+                for size in sizes
+            ]
+            bars = cost.bar(
+                [i + (n - len(kinds) + 0.5) * width for i in range(len(sizes))],
+                values,
+                width,
+                color=COLOURS[kind],
+                hatch=hatch,
+                edgecolor="white",
+                label=f"{SHORT[kind]}, {'idle' if phase == 'idle' else '10 edits/s'}",
+            )
+            cost.bar_label(bars, labels=[f"{v:g}" for v in values], fontsize=7, padding=1)
+            n += 1
+    cost.axhline(0.5, color="k", linestyle=":", linewidth=1, label="idle budget with LISTEN: 0.5")
+    cost.set_yscale("log")
+    cost.set_xticks(range(len(sizes)), [f"{s:,} entries" for s in sizes])
+    cost.set_ylabel("statements a second per replica")
+    cost.set_title("Database statements", fontsize=9)
+    for ax in (start, edit):
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{s:,}" for s in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("stored entries")
+    for ax in (start, edit):
+        ax.legend(fontsize=7)
+    # below the bars: above them it would hide the tallest one's label
+    cost.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    start.set_ylim(bottom=0)
+    fig.suptitle(
+        f"Stored entries at scale, commit {data.get('commit', '?')}\n"
+        f"stored-latest.json ({machine_line(data)})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return save(fig, out, "stored-entries.png")
+
+
+FIGURES = (throughput, silent_gap, dispatch_delay, stored_entries)
 
 
 def main(argv: list[str] | None = None) -> int:
