@@ -27,6 +27,7 @@ shared between entries with the same fields and zone (a replica may hold
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -383,9 +384,36 @@ def schedule_to_data(schedule: object) -> dict[str, Any]:
     raise ValueError(f"{schedule!r} is no kind of stored schedule")
 
 
+#: the schedules of the data forms checked lately, by their JSON text: a
+#: replica loads every stored entry at start-up, 100,000 of them with a few
+#: thousand distinct schedules, and checking a crontab (Celery's parse, our
+#: field checks, whether it ever occurs) is most of what a row costs. Only
+#: schedules that passed are kept; each is shared by the entries that have it,
+#: which nothing changes (a solar one is copied before its ``nowfun`` is set).
+_CHECKED: dict[str, object] = {}
+_CHECKED_MAX = 8192
+
+
 def schedule_from_data(data: Any, entry_name: str) -> object:
     """The schedule of a data form; InvalidEntry naming ``schedule`` or
     ``schedule.<key>`` for anything wrong in it."""
+    try:
+        key = json.dumps(data, sort_keys=True)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None:
+        known = _CHECKED.get(key)
+        if known is not None:
+            return known
+    made = _schedule_from_data(data, entry_name)
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()  # a few thousand parses again, rarely
+        _CHECKED[key] = made
+    return made
+
+
+def _schedule_from_data(data: Any, entry_name: str) -> object:
     if not isinstance(data, Mapping):
         raise _fail(entry_name, "schedule", f"{data!r} is not a schedule object")
     kinds = [kind for kind in DATA_KEYS if kind in data]
