@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import US, Rig, wait_connected, wait_for
@@ -34,6 +35,23 @@ from celery_singlebeat.store.fleet import Fleet
 EFFECT_US = 1 * US
 #: how often the broker's reader looks (QueueReader.poll)
 READER_POLL = 0.05
+
+
+def run_now_within_a_second(schedules: Schedules, reader: Any, entry: str) -> Any:
+    """Ask for a run now of ``entry`` and wait for its message: sent within a
+    second of the commit (the feed read's bound, on every database), plus a
+    quarter second for a tick delayed on a loaded machine. The request."""
+    run = Fleet(schedules.store).run_now(entry, by="test", reason="now")  # type: ignore[arg-type]
+    asked = time.time()
+    message = wait_for(
+        lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),
+        10,
+        f"the run-now request of {entry!r}",
+        interval=0.02,
+    )
+    assert message.entry == entry
+    assert message.received - asked <= 1.25 + READER_POLL, message.received - asked
+    return run
 
 
 def _versions(messages: list, entry: str) -> list[tuple[int, str]]:
@@ -87,18 +105,7 @@ def _edit_cycle(rig: Rig, broker_url: str, db_url: str, prefix: str) -> None:
         assert log[0].why == "version 2" and log[0].by == "test"
         # run now of a stored entry (in no replica's catalog): sent within a
         # second of the commit on every database, the feed read's bound
-        fleet = Fleet(schedules.store)  # type: ignore[arg-type]
-        run = fleet.run_now("toggled", by="test", reason="stored")
-        asked = time.time()
-        message = wait_for(
-            lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),
-            10,
-            "the run-now request of a stored entry",
-            interval=0.02,
-        )
-        assert message.entry == "toggled"
-        # plus a quarter second for a tick delayed on a loaded machine
-        assert message.received - asked <= 1.25 + READER_POLL, message.received - asked
+        run_now_within_a_second(schedules, reader, "toggled")
     for beat in beats:
         beat.stop()
     messages = reader.finish()
@@ -249,16 +256,7 @@ def test_an_idle_fleet_behind_pgbouncer_follows_a_change_within_a_second(
             "the single run",
             interval=0.05,
         )
-        run = Fleet(schedules.store).run_now("rare", by="test", reason="idle")  # type: ignore[arg-type]
-        asked = time.time()
-        message = wait_for(
-            lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),
-            10,
-            "the run-now request",
-            interval=0.02,
-        )
-        # the feed read's second, plus a quarter second for a loaded machine
-        assert message.received - asked <= 1.25 + READER_POLL, message.received - asked
+        run = run_now_within_a_second(schedules, reader, "rare")
     for beat in beats:
         beat.stop()
     messages = reader.finish()
