@@ -130,11 +130,12 @@ class SourceWatch:
                 final[name] = None
                 continue
             definition = self._stamped(definition, source)
-            try:
-                check_definition(definition, agenda.tz_of(definition), now_us)
-            except ConfigurationError as exc:
-                logger.error("singlebeat: %s; the change is ignored", exc)
-                continue
+            if not source.definitions_checked:
+                try:
+                    check_definition(definition, agenda.tz_of(definition), now_us)
+                except ConfigurationError as exc:
+                    logger.error("singlebeat: %s; the change is ignored", exc)
+                    continue
             final[name] = definition
         added: list[EntryDefinition] = []
         changed: list[EntryDefinition] = []

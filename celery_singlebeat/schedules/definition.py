@@ -17,7 +17,7 @@ Pure: no store, no engine; the process clock only where a check needs "now"
 from __future__ import annotations
 
 import json
-import unicodedata
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
@@ -66,6 +66,15 @@ _POLICY_KEYS = {"policy": "missed_policy", "grace": "missed_grace", "max": "miss
 
 #: the store-kept fields, read only: None or "" until the entry is saved
 STORE_FIELDS = ("revision", "created", "updated", "created_by", "updated_by")
+
+
+#: a control character (Unicode category Cc is exactly these two ranges): one
+#: regular expression instead of a category lookup per character, for 100,000
+#: names read at start-up
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+#: whitespace as ``str.isspace`` tells it (the regular expression engine uses
+#: the same table)
+_SPACE = re.compile(r"\s")
 
 
 def compact_json(value: Any) -> str:
@@ -152,8 +161,9 @@ class StoredEntry:
         return self.revision is not None
 
 
-class _Problems:
-    """The problems found in one entry, in the order of its fields."""
+class Problems:
+    """The problems found in one entry, in the order of its fields (raised
+    together as one :class:`~celery_singlebeat.exceptions.InvalidEntry`)."""
 
     def __init__(self, entry: str) -> None:
         self.entry = entry
@@ -209,26 +219,26 @@ def _size(value: Any) -> int:
     return len(compact_json(value).encode("utf-8"))
 
 
-def _check_name(problems: _Problems, name: Any) -> None:
+def _check_name(problems: Problems, name: Any) -> None:
     if not isinstance(name, str) or not name:
         problems.add("name", f"{name!r} is not a non-empty string")
     elif len(name.encode("utf-8")) > MAX_ENTRY_NAME:
         problems.add("name", f"is {len(name.encode())} bytes long; at most {MAX_ENTRY_NAME}")
-    elif any(unicodedata.category(c) == "Cc" for c in name):
+    elif _CONTROL.search(name):
         problems.add("name", "has a control character (a newline, a tab)")
 
 
-def _check_task(problems: _Problems, task: Any) -> None:
+def _check_task(problems: Problems, task: Any) -> None:
     if not isinstance(task, str) or not task:
         problems.add("task", f"{task!r} is not a task name")
     elif len(task) > MAX_TASK:
         problems.add("task", f"is {len(task)} characters long; at most {MAX_TASK}")
-    elif any(c.isspace() for c in task):
+    elif _SPACE.search(task):
         problems.add("task", f"{task!r} has whitespace; a task name has none")
 
 
 def _arguments(
-    problems: _Problems, args: Any, kwargs: Any
+    problems: Problems, args: Any, kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     good_args: tuple[Any, ...] = ()
     good_kwargs: dict[str, Any] = {}
@@ -256,17 +266,11 @@ def _arguments(
         if kwargs_ok:
             good_kwargs = _as_json(dict(kwargs))
     if args_ok and kwargs_ok:
-        sizes = _size(list(good_args)), _size(good_kwargs)
-        if sum(sizes) > MAX_ARGUMENTS_BYTES:
-            problems.add(
-                "args" if sizes[0] >= sizes[1] else "kwargs",
-                f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
-                f"{MAX_ARGUMENTS_BYTES:,} together",
-            )
+        _check_arguments_size(problems, list(good_args), good_kwargs)
     return good_args, good_kwargs
 
 
-def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+def _options(problems: Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """The checked options: ``options`` merged with the ones given one by one."""
     merged: dict[str, Any] = {}
     if options is not None:
@@ -325,7 +329,7 @@ def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dic
     return checked
 
 
-def _instant(problems: _Problems, name: str, value: Any) -> datetime | None:
+def _instant(problems: Problems, name: str, value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -395,7 +399,7 @@ def policy_to_data(policy: MissedPolicy) -> dict[str, Any]:
     return {"policy": policy.mode, "grace": policy.grace_us / US, "max": policy.max_missed}
 
 
-def _jitter(problems: _Problems, value: Any) -> timedelta | None:
+def _jitter(problems: Problems, value: Any) -> timedelta | None:
     if isinstance(value, timedelta):
         jitter = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
@@ -439,7 +443,7 @@ def shortest_gap_us(schedule: object, now_us: int, runs: int = JITTER_CHECKED_RU
     return shortest
 
 
-def _text(problems: _Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
+def _text(problems: Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
     if not isinstance(value, str) or (not empty and not value):
         problems.add(name, f"{value!r} is not {'a' if empty else 'a non-empty'} string")
         return None
@@ -496,19 +500,22 @@ def stored_entry(
     The store-kept fields (``revision``, ``created``, ...) are left unset: the
     store fills them (``schedules.spec.entry_from_fields``).
     """
-    problems = _Problems(name if isinstance(name, str) else repr(name))
-    _check_name(problems, name)
-    _check_task(problems, task)
+    problems = Problems(name if isinstance(name, str) else repr(name))
     canonical: object | None = None
     try:
         canonical = make_schedule(problems.entry, schedule)
     except InvalidEntry as exc:
         problems.take(exc)
     good_args, good_kwargs = _arguments(problems, args, kwargs)
-    good_options = _options(
+    return checked_entry(
         problems,
-        options,
-        {
+        name,
+        task,
+        canonical,
+        good_args,
+        good_kwargs,
+        options=options,
+        given_options={
             "queue": queue,
             "exchange": exchange,
             "routing_key": routing_key,
@@ -516,7 +523,113 @@ def stored_entry(
             "expires": expires,
             "headers": headers,
         },
+        enabled=enabled,
+        start=start,
+        end=end,
+        max_runs=max_runs,
+        missed=missed,
+        jitter=jitter,
+        description=description,
+        managed_by=managed_by,
+        now=now,
+        check_jitter=check_jitter,
     )
+
+
+def argument_texts(
+    problems: Problems, args_text: Any, kwargs_text: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of their stored JSON texts (a row read back), checked as
+    :func:`stored_entry` checks given ones, without walking them: what JSON
+    text gives back is JSON already (NaN and Infinity, which Python's parser
+    takes, are refused), and the compact text is never longer than the text
+    read, so only texts over the cap are measured again."""
+    good_args: tuple[Any, ...] = ()
+    good_kwargs: dict[str, Any] = {}
+    args = _json_text(problems, "args", args_text)
+    kwargs = _json_text(problems, "kwargs", kwargs_text)
+    args_ok = isinstance(args, list)
+    if args is not None and not args_ok:
+        problems.add("args", f"{args!r} is not a list of arguments")
+    kwargs_ok = isinstance(kwargs, dict)
+    if kwargs is not None and not kwargs_ok:
+        problems.add("kwargs", f"{kwargs!r} is not a mapping of keyword arguments")
+    if args_ok and kwargs_ok:
+        assert isinstance(args, list) and isinstance(kwargs, dict)
+        good_args, good_kwargs = tuple(args), kwargs
+        if _text_bytes(args_text) + _text_bytes(kwargs_text) > MAX_ARGUMENTS_BYTES:
+            _check_arguments_size(problems, args, kwargs)
+    return good_args, good_kwargs
+
+
+def _refuse_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+#: one decoder for every row (``json.loads`` with a keyword builds one a call)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _json_text(problems: Problems, field_name: str, text: Any) -> Any:
+    """The value of a JSON text, or None after adding the problem."""
+    if not isinstance(text, str):
+        problems.add(field_name, f"{text!r} is not JSON text")
+        return None
+    try:
+        return _DECODER.decode(text)
+    except ValueError as exc:
+        problems.add(field_name, f"not JSON: {exc}")
+        return None
+
+
+def _text_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _check_arguments_size(problems: Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
+    sizes = _size(args), _size(kwargs)
+    if sum(sizes) > MAX_ARGUMENTS_BYTES:
+        problems.add(
+            "args" if sizes[0] >= sizes[1] else "kwargs",
+            f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
+            f"{MAX_ARGUMENTS_BYTES:,} together",
+        )
+
+
+def checked_entry(
+    problems: Problems,
+    name: Any,
+    task: Any,
+    canonical: object | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    options: Any,
+    given_options: Mapping[str, Any],
+    enabled: Any,
+    start: Any,
+    end: Any,
+    max_runs: Any,
+    missed: Any,
+    jitter: Any,
+    description: Any,
+    managed_by: Any,
+    now: datetime | None = None,
+    check_jitter: bool = True,
+    **kept: Any,
+) -> StoredEntry:
+    """The entry of a canonical schedule and checked arguments (None and
+    empty when ``problems`` holds theirs), every other field checked here: the
+    one place each field is checked, for :func:`stored_entry` and for a row
+    read back (``schedules.spec.entry_from_fields``). ``kept``: the store-kept
+    fields (:data:`STORE_FIELDS`), as they are. InvalidEntry listing every
+    problem found, in the order of the fields (the name's and the task's
+    before those already in ``problems``)."""
+    head = Problems(problems.entry)
+    _check_name(head, name)
+    _check_task(head, task)
+    problems.found[:0] = head.found
+    good_options = _options(problems, options, given_options)
     if not isinstance(enabled, bool):
         problems.add("enabled", f"{enabled!r} is not True or False")
     good_start = _instant(problems, "start", start)
@@ -559,8 +672,8 @@ def stored_entry(
         name=name,
         task=task,
         schedule=canonical,
-        args=good_args,
-        kwargs=good_kwargs,
+        args=args,
+        kwargs=kwargs,
         options=good_options,
         enabled=enabled,
         start=good_start,
@@ -570,6 +683,7 @@ def stored_entry(
         jitter=good_jitter,
         description=good_description,
         managed_by=managed_by,
+        **kept,
     )
 
 
@@ -628,7 +742,10 @@ __all__ = [
     "MAX_TASK",
     "OPTION_NAMES",
     "STORE_FIELDS",
+    "Problems",
     "StoredEntry",
+    "argument_texts",
+    "checked_entry",
     "compact_json",
     "parse_missed",
     "policy_to_data",

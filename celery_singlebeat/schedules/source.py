@@ -46,6 +46,10 @@ class StoredSource(EntrySource):
     #: which entries exist, so a replica's catalog does not list them again
     #: (at 100,000 entries that would be 100,000 rows per edit)
     catalogued = False
+    #: a row's schedule is one of the stored kinds, each of which can say its
+    #: next run (checked at the write, and parsed again as the row is read),
+    #: and its name fits the slot table (checked likewise)
+    definitions_checked = True
 
     def __init__(
         self,

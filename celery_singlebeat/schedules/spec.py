@@ -27,12 +27,15 @@ from typing import Any
 from ..clock import US, datetime_to_us, us_to_datetime
 from ..exceptions import InvalidEntry
 from .definition import (
+    Problems,
     StoredEntry,
+    argument_texts,
+    checked_entry,
     compact_json,
     policy_to_data,
     stored_entry,
 )
-from .kinds import schedule_from_data, schedule_to_data
+from .kinds import make_schedule, schedule_from_data, schedule_to_data
 
 #: the columns :func:`entry_to_fields` gives, written by the store
 WRITTEN_FIELDS = (
@@ -114,39 +117,78 @@ def _loads(name: str, column: str, text: Any) -> Any:
         raise InvalidEntry(name, column, f"not JSON: {exc}") from None
 
 
+#: the schedules of the spec texts read lately: 100,000 rows read at start-up
+#: hold a few thousand distinct texts, and the text itself is the key (no
+#: parse to find it); only schedules that passed are kept, each shared by the
+#: rows that have it (nothing changes one)
+_SCHEDULE_OF: dict[str, object] = {}
+_SCHEDULE_OF_MAX = 8192
+
+
+def _schedule_of(name: str, text: Any) -> object:
+    known = _SCHEDULE_OF.get(text) if isinstance(text, str) else None
+    if known is not None:
+        return known
+    made = make_schedule(name, _loads(name, "schedule", text))
+    if len(_SCHEDULE_OF) >= _SCHEDULE_OF_MAX:
+        _SCHEDULE_OF.clear()  # a few thousand parses again, rarely
+    _SCHEDULE_OF[text] = made
+    return made
+
+
 def entry_from_fields(fields: Mapping[str, Any]) -> StoredEntry:
     """The entry of a row's plain values (:data:`WRITTEN_FIELDS`, and the
     :data:`STORE_KEPT_FIELDS` when present); InvalidEntry naming the entry and
-    the field for a row that is not a valid entry (written by hand, or by a
-    newer release).
+    every wrong field for a row that is not a valid entry (written by hand, or
+    by a newer release).
 
-    Checks everything but the jitter's bound, which was checked when the row
-    was written and costs a walk of a thousand runs (100,000 entries load at
-    start-up).
+    Every field is checked as :func:`~celery_singlebeat.stored_entry` checks
+    it, but the jitter's bound, which was checked when the row was written and
+    costs a walk of a thousand runs, and cheaper (a replica reads 100,000 rows
+    at start-up): each distinct schedule text is parsed once, and the
+    arguments are taken as their JSON texts give them.
     """
     name = fields["name"]
-    spec = _loads(name, "schedule", fields["spec"])
+    problems = Problems(name if isinstance(name, str) else repr(name))
+    schedule: object | None = None
+    try:
+        schedule = _schedule_of(problems.entry, fields["spec"])
+    except InvalidEntry as exc:
+        problems.take(exc)
+    args, kwargs = argument_texts(problems, fields.get("args", "[]"), fields.get("kwargs", "{}"))
+    options_text = fields.get("options", "{}")
+    options: Any = {}
+    if options_text != "{}":
+        try:
+            options = _loads(problems.entry, "options", options_text)
+        except InvalidEntry as exc:
+            problems.take(exc)
+    missed: Any = None
     policy_text = fields.get("policy")
-    entry = stored_entry(
+    if policy_text is not None:
+        try:
+            missed = _loads(problems.entry, "missed", policy_text)
+        except InvalidEntry as exc:
+            problems.take(exc)
+    revision = fields.get("revision")
+    return checked_entry(
+        problems,
         name,
         fields["task"],
-        spec,
-        args=_loads(name, "args", fields.get("args", "[]")),
-        kwargs=_loads(name, "kwargs", fields.get("kwargs", "{}")),
-        options=_loads(name, "options", fields.get("options", "{}")),
+        schedule,
+        args,
+        kwargs,
+        options=options,
+        given_options={},
         enabled=bool(fields.get("enabled", True)),
         start=_instant(fields.get("start_us")),
         end=_instant(fields.get("end_us")),
         max_runs=fields.get("max_runs"),
-        missed=None if policy_text is None else _loads(name, "missed", policy_text),
+        missed=missed,
         jitter=timedelta(microseconds=int(fields.get("jitter_us") or 0)),
         description=fields.get("description") or "",
         managed_by=fields.get("managed_by"),
         check_jitter=False,
-    )
-    revision = fields.get("revision")
-    return _replace(
-        entry,
         revision=None if revision is None else int(revision),
         created=_instant(fields.get("created_us")),
         updated=_instant(fields.get("updated_us")),
@@ -157,12 +199,6 @@ def entry_from_fields(fields: Mapping[str, Any]) -> StoredEntry:
 
 def _instant(value: Any) -> Any:
     return None if value is None else us_to_datetime(int(value))
-
-
-def _replace(entry: StoredEntry, **changes: Any) -> StoredEntry:
-    from dataclasses import replace
-
-    return replace(entry, **changes)
 
 
 def _seconds(value: timedelta) -> float | int:

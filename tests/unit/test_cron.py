@@ -368,6 +368,25 @@ def test_agrees_with_celerys_remaining_estimate_in_utc(spec: dict[str, Any]) -> 
         assert ours.next_after(instant) == expected, now
 
 
+@pytest.mark.parametrize(
+    ("zone", "offset"),
+    [("UTC", timedelta(0)), ("Etc/GMT-2", timedelta(hours=2)), ("Etc/GMT+5", timedelta(hours=-5))],
+)
+def test_a_zone_of_one_offset_runs_as_that_offset(zone: str, offset: timedelta) -> None:
+    # Such a zone maps even runs a day away by one subtraction (cron.py's
+    # _FIXED_KEYS): its runs must be those of the fixed offset, found the long way.
+    rng = random.Random(20261204)
+    for spec in CELERY_CRONTABS:
+        named, fixed = fields(ZoneInfo(zone), **spec), fields(timezone(offset), **spec)
+        for _ in range(40):
+            instant = utc_us(2026, 1, 1) + rng.randrange(0, 365 * 24 * HOUR_US)
+            assert named.next_after(instant) == fixed.next_after(instant), (spec, instant)
+            assert named.latest_at_or_before(instant) == fixed.latest_at_or_before(instant)
+    daily = fields(ZoneInfo(zone), minute=0, hour=9)
+    nine = datetime(2026, 5, 2, 9, tzinfo=timezone(offset))
+    assert daily.next_after(datetime_to_us(nine) - 20 * HOUR_US) == datetime_to_us(nine)
+
+
 def test_sequence_for_builds_a_cron_sequence_in_the_given_zone() -> None:
     sequence = sequence_for(crontab(minute=30, hour=2), 0, BERLIN)
     assert isinstance(sequence, CronSequence)

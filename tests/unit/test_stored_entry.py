@@ -534,6 +534,31 @@ def test_a_bad_row_is_named_too() -> None:
         entry_from_fields({**fields, "spec": '{"crontab":"0 99 * * *","tz":null}'})
 
 
+def test_a_row_read_back_is_checked_as_a_write() -> None:
+    # The read path parses each schedule text once and takes the arguments as
+    # their texts give them; what a write refuses, a row is refused for too.
+    fields = entry_to_fields(entry())
+    for column, text in (("args", "[NaN]"), ("kwargs", '{"a":Infinity}')):
+        with pytest.raises(InvalidEntry, match=rf"{column}: not JSON: .*not a JSON number"):
+            entry_from_fields({**fields, column: text})
+    with pytest.raises(InvalidEntry, match=r"args: .* is not a list"):
+        entry_from_fields({**fields, "args": '{"a":1}'})
+    with pytest.raises(InvalidEntry, match=r"kwargs: .* is not a mapping"):
+        entry_from_fields({**fields, "kwargs": "[1]"})
+    big = json.dumps(["x" * 40_000])
+    with pytest.raises(InvalidEntry, match="args and kwargs take"):
+        entry_from_fields({**fields, "args": big, "kwargs": json.dumps({"y": "z" * 30_000})})
+    # a text that is not compact may be over the cap while its value is not
+    spaced = json.dumps(["x" * 1000] + [1] * 16_000, indent=4)
+    assert len(spaced) > MAX_ARGUMENTS_BYTES
+    assert len(entry_from_fields({**fields, "args": spaced}).args) == 16_001
+    with pytest.raises(InvalidEntry) as raised:
+        entry_from_fields(
+            {**fields, "name": "bad\tname", "spec": '{"every":0}', "kwargs": "{", "task": ""}
+        )
+    assert [f for f, _ in raised.value.problems] == ["name", "task", "schedule.every", "kwargs"]
+
+
 def test_a_document_leaves_defaults_out_and_refuses_unknown_keys() -> None:
     assert entry_to_document(entry()) == {"task": "proj.tasks.report", "schedule": {"every": 300.0}}
     document = entry_to_document(
