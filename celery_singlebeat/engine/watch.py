@@ -9,8 +9,10 @@ and this replica's catalog follow. A source that never changes (Celery's
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from ..exceptions import ConfigurationError
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource, check_definition
@@ -19,6 +21,26 @@ from .agenda import Agenda
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while changes are read and applied.
+
+    A first read of 100,000 stored entries makes some two million objects,
+    none of them in a cycle, and the collector's passes over a heap growing
+    that fast took 1.1 of the 4.6 s it lasted. It is off for that read only
+    (on again after, as the process had it; freeing by reference counts goes
+    on), and a poll with nothing to apply costs two calls.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class SourceWatch:
@@ -98,13 +120,14 @@ class SourceWatch:
         """Apply what changed in every source since the last poll; the names
         of the catalogued entries that were added, changed or removed."""
         touched: set[str] = set()
-        for index, source in enumerate(self.sources):
-            changes, cursor = source.changes(self._cursors[index])
-            self._cursors[index] = cursor
-            if changes:
-                names = self._apply(source, changes, now_us)
-                if source.catalogued:
-                    touched |= names
+        with _collector_paused():
+            for index, source in enumerate(self.sources):
+                changes, cursor = source.changes(self._cursors[index])
+                self._cursors[index] = cursor
+                if changes:
+                    names = self._apply(source, changes, now_us)
+                    if source.catalogued:
+                        touched |= names
         return touched
 
     def _apply(self, source: EntrySource, changes: Sequence[Change], now_us: int) -> set[str]:

@@ -21,11 +21,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from celery.schedules import crontab
 
-from ..clock import US, datetime_to_us
+from ..clock import US, datetime_to_us, us_to_datetime
 from ..config import parse_missed_policy, setting_default
 from ..exceptions import ConfigurationError, InvalidEntry
 from ..limits import MAX_ENTRY_NAME
@@ -161,7 +162,7 @@ class StoredEntry:
         return self.revision is not None
 
 
-class Problems:
+class _Problems:
     """The problems found in one entry, in the order of its fields (raised
     together as one :class:`~celery_singlebeat.exceptions.InvalidEntry`)."""
 
@@ -219,7 +220,7 @@ def _size(value: Any) -> int:
     return len(compact_json(value).encode("utf-8"))
 
 
-def _check_name(problems: Problems, name: Any) -> None:
+def _check_name(problems: _Problems, name: Any) -> None:
     if not isinstance(name, str) or not name:
         problems.add("name", f"{name!r} is not a non-empty string")
     elif len(name.encode("utf-8")) > MAX_ENTRY_NAME:
@@ -228,7 +229,7 @@ def _check_name(problems: Problems, name: Any) -> None:
         problems.add("name", "has a control character (a newline, a tab)")
 
 
-def _check_task(problems: Problems, task: Any) -> None:
+def _check_task(problems: _Problems, task: Any) -> None:
     if not isinstance(task, str) or not task:
         problems.add("task", f"{task!r} is not a task name")
     elif len(task) > MAX_TASK:
@@ -238,7 +239,7 @@ def _check_task(problems: Problems, task: Any) -> None:
 
 
 def _arguments(
-    problems: Problems, args: Any, kwargs: Any
+    problems: _Problems, args: Any, kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     good_args: tuple[Any, ...] = ()
     good_kwargs: dict[str, Any] = {}
@@ -270,7 +271,7 @@ def _arguments(
     return good_args, good_kwargs
 
 
-def _options(problems: Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """The checked options: ``options`` merged with the ones given one by one."""
     merged: dict[str, Any] = {}
     if options is not None:
@@ -329,7 +330,7 @@ def _options(problems: Problems, options: Any, given: Mapping[str, Any]) -> dict
     return checked
 
 
-def _instant(problems: Problems, name: str, value: Any) -> datetime | None:
+def _instant(problems: _Problems, name: str, value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -399,7 +400,7 @@ def policy_to_data(policy: MissedPolicy) -> dict[str, Any]:
     return {"policy": policy.mode, "grace": policy.grace_us / US, "max": policy.max_missed}
 
 
-def _jitter(problems: Problems, value: Any) -> timedelta | None:
+def _jitter(problems: _Problems, value: Any) -> timedelta | None:
     if isinstance(value, timedelta):
         jitter = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
@@ -443,7 +444,7 @@ def shortest_gap_us(schedule: object, now_us: int, runs: int = JITTER_CHECKED_RU
     return shortest
 
 
-def _text(problems: Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
+def _text(problems: _Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
     if not isinstance(value, str) or (not empty and not value):
         problems.add(name, f"{value!r} is not {'a' if empty else 'a non-empty'} string")
         return None
@@ -500,22 +501,19 @@ def stored_entry(
     The store-kept fields (``revision``, ``created``, ...) are left unset: the
     store fills them (``schedules.spec.entry_from_fields``).
     """
-    problems = Problems(name if isinstance(name, str) else repr(name))
+    problems = _Problems(name if isinstance(name, str) else repr(name))
+    _check_name(problems, name)
+    _check_task(problems, task)
     canonical: object | None = None
     try:
         canonical = make_schedule(problems.entry, schedule)
     except InvalidEntry as exc:
         problems.take(exc)
     good_args, good_kwargs = _arguments(problems, args, kwargs)
-    return checked_entry(
+    good_options = _options(
         problems,
-        name,
-        task,
-        canonical,
-        good_args,
-        good_kwargs,
-        options=options,
-        given_options={
+        options,
+        {
             "queue": queue,
             "exchange": exchange,
             "routing_key": routing_key,
@@ -523,133 +521,14 @@ def stored_entry(
             "expires": expires,
             "headers": headers,
         },
-        enabled=enabled,
-        start=start,
-        end=end,
-        max_runs=max_runs,
-        missed=missed,
-        jitter=jitter,
-        description=description,
-        managed_by=managed_by,
-        now=now,
-        check_jitter=check_jitter,
     )
-
-
-def argument_texts(
-    problems: Problems, args_text: Any, kwargs_text: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments of their stored JSON texts (a row read back), checked as
-    :func:`stored_entry` checks given ones, without walking them: what JSON
-    text gives back is JSON already (NaN and Infinity, which Python's parser
-    takes, are refused), and the compact text is never longer than the text
-    read, so only texts over the cap are measured again."""
-    good_args: tuple[Any, ...] = ()
-    good_kwargs: dict[str, Any] = {}
-    args = _json_text(problems, "args", args_text)
-    kwargs = _json_text(problems, "kwargs", kwargs_text)
-    args_ok = isinstance(args, list)
-    if args is not None and not args_ok:
-        problems.add("args", f"{args!r} is not a list of arguments")
-    kwargs_ok = isinstance(kwargs, dict)
-    if kwargs is not None and not kwargs_ok:
-        problems.add("kwargs", f"{kwargs!r} is not a mapping of keyword arguments")
-    if args_ok and kwargs_ok:
-        assert isinstance(args, list) and isinstance(kwargs, dict)
-        good_args, good_kwargs = tuple(args), kwargs
-        if _text_bytes(args_text) + _text_bytes(kwargs_text) > MAX_ARGUMENTS_BYTES:
-            _check_arguments_size(problems, args, kwargs)
-    return good_args, good_kwargs
-
-
-def _refuse_constant(text: str) -> Any:
-    raise ValueError(f"{text} is not a JSON number")
-
-
-#: one decoder for every row (``json.loads`` with a keyword builds one a call)
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def _json_text(problems: Problems, field_name: str, text: Any) -> Any:
-    """The value of a JSON text, or None after adding the problem."""
-    if not isinstance(text, str):
-        problems.add(field_name, f"{text!r} is not JSON text")
-        return None
-    try:
-        return _DECODER.decode(text)
-    except ValueError as exc:
-        problems.add(field_name, f"not JSON: {exc}")
-        return None
-
-
-def _text_bytes(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
-def _check_arguments_size(problems: Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
-    sizes = _size(args), _size(kwargs)
-    if sum(sizes) > MAX_ARGUMENTS_BYTES:
-        problems.add(
-            "args" if sizes[0] >= sizes[1] else "kwargs",
-            f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
-            f"{MAX_ARGUMENTS_BYTES:,} together",
-        )
-
-
-def checked_entry(
-    problems: Problems,
-    name: Any,
-    task: Any,
-    canonical: object | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    options: Any,
-    given_options: Mapping[str, Any],
-    enabled: Any,
-    start: Any,
-    end: Any,
-    max_runs: Any,
-    missed: Any,
-    jitter: Any,
-    description: Any,
-    managed_by: Any,
-    now: datetime | None = None,
-    check_jitter: bool = True,
-    **kept: Any,
-) -> StoredEntry:
-    """The entry of a canonical schedule and checked arguments (None and
-    empty when ``problems`` holds theirs), every other field checked here: the
-    one place each field is checked, for :func:`stored_entry` and for a row
-    read back (``schedules.spec.entry_from_fields``). ``kept``: the store-kept
-    fields (:data:`STORE_FIELDS`), as they are. InvalidEntry listing every
-    problem found, in the order of the fields (the name's and the task's
-    before those already in ``problems``)."""
-    head = Problems(problems.entry)
-    _check_name(head, name)
-    _check_task(head, task)
-    problems.found[:0] = head.found
-    good_options = _options(problems, options, given_options)
     if not isinstance(enabled, bool):
         problems.add("enabled", f"{enabled!r} is not True or False")
     good_start = _instant(problems, "start", start)
     good_end = _instant(problems, "end", end)
-    if good_start is not None and good_end is not None and good_end <= good_start:
-        problems.add("end", f"{good_end.isoformat()} is not after start {good_start.isoformat()}")
-    if max_runs is not None and (
-        not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1
-    ):
-        problems.add("max_runs", f"{max_runs!r} is not an integer >= 1")
-    policy: MissedPolicy | None = None
-    try:
-        policy = parse_missed(missed)
-    except ValueError as exc:
-        text = str(exc)
-        part, _, rest = text.partition(": ")
-        if part in _POLICY_KEYS and rest:
-            problems.add(f"missed.{part}", rest)
-        else:
-            problems.add("missed", text)
+    _check_order(problems, good_start, good_end)
+    _check_max_runs(problems, max_runs)
+    policy = _missed(problems, missed)
     good_jitter = _jitter(problems, jitter)
     if good_jitter and canonical is not None and check_jitter:
         now_us = (
@@ -672,8 +551,8 @@ def checked_entry(
         name=name,
         task=task,
         schedule=canonical,
-        args=args,
-        kwargs=kwargs,
+        args=good_args,
+        kwargs=good_kwargs,
         options=good_options,
         enabled=enabled,
         start=good_start,
@@ -683,8 +562,206 @@ def checked_entry(
         jitter=good_jitter,
         description=good_description,
         managed_by=managed_by,
-        **kept,
     )
+
+
+def _check_order(problems: _Problems, start: datetime | None, end: datetime | None) -> None:
+    if start is not None and end is not None and end <= start:
+        problems.add("end", f"{end.isoformat()} is not after start {start.isoformat()}")
+
+
+def _check_max_runs(problems: _Problems, max_runs: Any) -> None:
+    if max_runs is not None and (
+        not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1
+    ):
+        problems.add("max_runs", f"{max_runs!r} is not an integer >= 1")
+
+
+def _missed(problems: _Problems, missed: Any) -> MissedPolicy | None:
+    """:func:`parse_missed`, its error a problem named ``missed`` or ``missed.<part>``."""
+    try:
+        return parse_missed(missed)
+    except ValueError as exc:
+        text = str(exc)
+        part, _, rest = text.partition(": ")
+        if part in _POLICY_KEYS and rest:
+            problems.add(f"missed.{part}", rest)
+        else:
+            problems.add("missed", text)
+        return None
+
+
+# -- a row read back ---------------------------------------------------------------
+
+
+class RowValues(NamedTuple):
+    """What the texts of a stored row hold, parsed and checked (:func:`checked_row`)."""
+
+    schedule: object
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: an empty one shared by every row without options (treat as frozen)
+    options: Mapping[str, Any]
+    missed: MissedPolicy | None
+
+
+#: the options of a row that has none: one shared mapping (a replica keeps
+#: every entry's definition)
+NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+#: the schedules of the schedule texts read lately: 100,000 rows read at
+#: start-up hold a few thousand distinct texts, and the text itself is the key
+#: (no parse to find it). Only schedules that passed are kept, each shared by
+#: the rows that have it (nothing changes one).
+_SCHEDULE_OF: dict[str, object] = {}
+_SCHEDULE_OF_MAX = 8192
+
+
+def _schedule_of_text(problems: _Problems, text: Any) -> object | None:
+    known = _SCHEDULE_OF.get(text) if isinstance(text, str) else None
+    if known is not None:
+        return known
+    data = _json_text(problems, "schedule", text)
+    if data is None:
+        return None
+    try:
+        made = make_schedule(problems.entry, data)
+    except InvalidEntry as exc:
+        problems.take(exc)
+        return None
+    if len(_SCHEDULE_OF) >= _SCHEDULE_OF_MAX:
+        _SCHEDULE_OF.clear()  # a few thousand parses again, rarely
+    _SCHEDULE_OF[text] = made
+    return made
+
+
+def checked_row(
+    name: Any,
+    task: Any,
+    spec: Any,
+    args: Any,
+    kwargs: Any,
+    options: Any,
+    enabled: Any,
+    start_us: Any,
+    end_us: Any,
+    max_runs: Any,
+    policy: Any,
+    jitter_us: Any,
+    description: Any,
+    managed_by: Any,
+) -> RowValues:
+    """The parsed parts of a stored row's written columns, in the store's
+    order (``ScheduleRow``'s first 14 fields); InvalidEntry naming the entry
+    and every wrong field, for a row written by hand or by a newer release.
+
+    Each field is checked as :func:`stored_entry` checks it, in its stored
+    form (instants and the jitter as microseconds, the rest as JSON texts),
+    but the jitter's bound (a walk of a thousand runs, checked when the row
+    was written), and for less (a replica reads 100,000 rows at start-up):
+    each distinct schedule text is parsed once, the arguments are taken as
+    their JSON texts give them, and the fields at their default are not
+    looked into.
+    """
+    problems = _Problems(name if isinstance(name, str) else repr(name))
+    _check_name(problems, name)
+    _check_task(problems, task)
+    schedule = _schedule_of_text(problems, spec)
+    good_args, good_kwargs = argument_texts(problems, args, kwargs)
+    good_options: Mapping[str, Any] = NO_OPTIONS
+    if options != "{}":
+        value = _json_text(problems, "options", options)
+        if value is not None:
+            good_options = _options(problems, value, {})
+    start = _stored_instant(problems, "start", start_us)
+    end = _stored_instant(problems, "end", end_us)
+    if start is not None and end is not None:
+        _check_order(problems, us_to_datetime(start), us_to_datetime(end))
+    _check_max_runs(problems, max_runs)
+    missed = None
+    if policy is not None:
+        value = _json_text(problems, "missed", policy)
+        if value is not None:
+            missed = _missed(problems, value)
+    if jitter_us:
+        if not isinstance(jitter_us, int):
+            problems.add("jitter", f"{jitter_us!r} is not a number of microseconds")
+        else:
+            _jitter(problems, timedelta(microseconds=jitter_us))
+    if description:
+        _text(problems, "description", description, MAX_DESCRIPTION, empty=True)
+    if managed_by is not None:
+        _text(problems, "managed_by", managed_by, MAX_MANAGED_BY, empty=False)
+    problems.raise_any()
+    return RowValues(schedule, good_args, good_kwargs, good_options, missed)
+
+
+def _stored_instant(problems: _Problems, name: str, value: Any) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        problems.add(name, f"{value!r} is not an instant in microseconds since the epoch")
+        return None
+    return value  # type: ignore[no-any-return]
+
+
+def argument_texts(
+    problems: _Problems, args_text: Any, kwargs_text: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of their stored JSON texts, checked as :func:`stored_entry`
+    checks given ones, without walking them: what JSON text gives back is
+    JSON already (NaN and Infinity, which Python's parser takes, are refused),
+    and the compact text is never longer than the text read, so only texts
+    over the cap are measured again."""
+    if args_text == "[]":
+        args: Any = []
+    else:
+        args = _json_text(problems, "args", args_text)
+    kwargs = {} if kwargs_text == "{}" else _json_text(problems, "kwargs", kwargs_text)
+    args_ok = isinstance(args, list)
+    if args is not None and not args_ok:
+        problems.add("args", f"{args!r} is not a list of arguments")
+    kwargs_ok = isinstance(kwargs, dict)
+    if kwargs is not None and not kwargs_ok:
+        problems.add("kwargs", f"{kwargs!r} is not a mapping of keyword arguments")
+    if not (args_ok and kwargs_ok):
+        return (), {}
+    assert isinstance(args, list) and isinstance(kwargs, dict)
+    if _text_bytes(args_text) + _text_bytes(kwargs_text) > MAX_ARGUMENTS_BYTES:
+        _check_arguments_size(problems, args, kwargs)
+    return tuple(args), kwargs
+
+
+def _refuse_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+#: one decoder for every row (``json.loads`` with a keyword builds one a call)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _json_text(problems: _Problems, field_name: str, text: Any) -> Any:
+    """The value of a JSON text, or None after adding the problem."""
+    if not isinstance(text, str):
+        problems.add(field_name, f"{text!r} is not JSON text")
+        return None
+    try:
+        return _DECODER.decode(text)
+    except ValueError as exc:
+        problems.add(field_name, f"not JSON: {exc}")
+        return None
+
+
+def _text_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _check_arguments_size(problems: _Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
+    sizes = _size(args), _size(kwargs)
+    if sum(sizes) > MAX_ARGUMENTS_BYTES:
+        problems.add(
+            "args" if sizes[0] >= sizes[1] else "kwargs",
+            f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
+            f"{MAX_ARGUMENTS_BYTES:,} together",
+        )
 
 
 def with_changes(entry: StoredEntry, **changes: Any) -> StoredEntry:
@@ -740,12 +817,12 @@ __all__ = [
     "MAX_HEADERS_BYTES",
     "MAX_MANAGED_BY",
     "MAX_TASK",
+    "NO_OPTIONS",
     "OPTION_NAMES",
     "STORE_FIELDS",
-    "Problems",
+    "RowValues",
     "StoredEntry",
-    "argument_texts",
-    "checked_entry",
+    "checked_row",
     "compact_json",
     "parse_missed",
     "policy_to_data",

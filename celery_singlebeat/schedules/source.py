@@ -32,8 +32,7 @@ from ..slots import MissedPolicy
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleRow
-from .runs import LABEL, definition_of
-from .spec import entry_from_fields
+from .runs import LABEL, definition_of_row
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 
@@ -122,8 +121,7 @@ class StoredSource(EntrySource):
 
     def _definition(self, row: ScheduleRow) -> EntryDefinition | None:
         try:
-            entry = entry_from_fields(row._asdict())
-            return definition_of(entry, self._policy, self._tz, label=LABEL)
+            return definition_of_row(row, self._policy, self._tz, label=LABEL)
         except ScheduleError as exc:
             logger.error(
                 "singlebeat: %s entry %r at revision %d cannot be read (%s); it is not sent",

@@ -19,7 +19,6 @@ Three forms, each the one text of its entry:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -27,15 +26,13 @@ from typing import Any
 from ..clock import US, datetime_to_us, us_to_datetime
 from ..exceptions import InvalidEntry
 from .definition import (
-    Problems,
     StoredEntry,
-    argument_texts,
-    checked_entry,
+    checked_row,
     compact_json,
     policy_to_data,
     stored_entry,
 )
-from .kinds import make_schedule, schedule_from_data, schedule_to_data
+from .kinds import schedule_from_data, schedule_to_data
 
 #: the columns :func:`entry_to_fields` gives, written by the store
 WRITTEN_FIELDS = (
@@ -108,93 +105,49 @@ def entry_to_fields(entry: StoredEntry) -> dict[str, Any]:
     }
 
 
-def _loads(name: str, column: str, text: Any) -> Any:
-    if not isinstance(text, str):
-        raise InvalidEntry(name, column, f"{text!r} is not JSON text")
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InvalidEntry(name, column, f"not JSON: {exc}") from None
-
-
-#: the schedules of the spec texts read lately: 100,000 rows read at start-up
-#: hold a few thousand distinct texts, and the text itself is the key (no
-#: parse to find it); only schedules that passed are kept, each shared by the
-#: rows that have it (nothing changes one)
-_SCHEDULE_OF: dict[str, object] = {}
-_SCHEDULE_OF_MAX = 8192
-
-
-def _schedule_of(name: str, text: Any) -> object:
-    known = _SCHEDULE_OF.get(text) if isinstance(text, str) else None
-    if known is not None:
-        return known
-    made = make_schedule(name, _loads(name, "schedule", text))
-    if len(_SCHEDULE_OF) >= _SCHEDULE_OF_MAX:
-        _SCHEDULE_OF.clear()  # a few thousand parses again, rarely
-    _SCHEDULE_OF[text] = made
-    return made
-
-
 def entry_from_fields(fields: Mapping[str, Any]) -> StoredEntry:
     """The entry of a row's plain values (:data:`WRITTEN_FIELDS`, and the
     :data:`STORE_KEPT_FIELDS` when present); InvalidEntry naming the entry and
     every wrong field for a row that is not a valid entry (written by hand, or
-    by a newer release).
-
-    Every field is checked as :func:`~celery_singlebeat.stored_entry` checks
-    it, but the jitter's bound, which was checked when the row was written and
-    costs a walk of a thousand runs, and cheaper (a replica reads 100,000 rows
-    at start-up): each distinct schedule text is parsed once, and the
-    arguments are taken as their JSON texts give them.
+    by a newer release): checked as ``definition.checked_row`` checks a row,
+    which is as :func:`~celery_singlebeat.stored_entry` checks a write, but
+    for the jitter's bound (checked when the row was written).
     """
-    name = fields["name"]
-    problems = Problems(name if isinstance(name, str) else repr(name))
-    schedule: object | None = None
-    try:
-        schedule = _schedule_of(problems.entry, fields["spec"])
-    except InvalidEntry as exc:
-        problems.take(exc)
-    args, kwargs = argument_texts(problems, fields.get("args", "[]"), fields.get("kwargs", "{}"))
-    options_text = fields.get("options", "{}")
-    options: Any = {}
-    if options_text != "{}":
-        try:
-            options = _loads(problems.entry, "options", options_text)
-        except InvalidEntry as exc:
-            problems.take(exc)
-    missed: Any = None
-    policy_text = fields.get("policy")
-    if policy_text is not None:
-        try:
-            missed = _loads(problems.entry, "missed", policy_text)
-        except InvalidEntry as exc:
-            problems.take(exc)
+    row = [fields.get(key, _ROW_DEFAULTS.get(key)) for key in WRITTEN_FIELDS]
+    values = checked_row(*row)
     revision = fields.get("revision")
-    return checked_entry(
-        problems,
-        name,
-        fields["task"],
-        schedule,
-        args,
-        kwargs,
-        options=options,
-        given_options={},
+    return StoredEntry(
+        name=fields["name"],
+        task=fields["task"],
+        schedule=values.schedule,
+        args=values.args,
+        kwargs=values.kwargs,
+        options=dict(values.options),
         enabled=bool(fields.get("enabled", True)),
         start=_instant(fields.get("start_us")),
         end=_instant(fields.get("end_us")),
         max_runs=fields.get("max_runs"),
-        missed=missed,
-        jitter=timedelta(microseconds=int(fields.get("jitter_us") or 0)),
+        missed=values.missed,
+        jitter=timedelta(microseconds=fields.get("jitter_us") or 0),
         description=fields.get("description") or "",
         managed_by=fields.get("managed_by"),
-        check_jitter=False,
         revision=None if revision is None else int(revision),
         created=_instant(fields.get("created_us")),
         updated=_instant(fields.get("updated_us")),
         created_by=fields.get("created_by") or "",
         updated_by=fields.get("updated_by") or "",
     )
+
+
+#: what a row's written column holds when the fields leave it out
+_ROW_DEFAULTS: dict[str, Any] = {
+    "args": "[]",
+    "kwargs": "{}",
+    "options": "{}",
+    "enabled": True,
+    "jitter_us": 0,
+    "description": "",
+}
 
 
 def _instant(value: Any) -> Any:

@@ -360,3 +360,34 @@ def test_an_interval_source_entry_keeps_its_anchor_across_an_edit(
         replica.tick()
     later = [m.at_us for m in harness.drain()][1:]
     assert later and all((at - anchor) % (4 * US) == 0 for at in later)
+
+
+def test_the_cycle_collector_is_off_while_changes_are_applied_and_as_it_was_after(
+    harness_for: Callable[..., Harness],  # noqa: F811
+) -> None:
+    """A first read of many entries makes millions of objects in no cycle:
+    the collector waits (engine/watch.py) and is as the process had it after."""
+    import gc
+
+    seen: list[bool] = []
+
+    class Watching(MemorySource):
+        def changes(self, cursor: object) -> tuple[Any, object]:
+            seen.append(gc.isenabled())
+            return super().changes(cursor)
+
+    harness = harness_for({})
+    source = Watching(now_us=harness.clock)
+    source.set("job", TASK, 1)
+    replica = harness.replica(sources=[source])
+    assert gc.isenabled()
+    replica.tick()
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        replica.tick()
+        assert not gc.isenabled()  # not turned on behind the process's back
+    finally:
+        gc.enable()
+    assert len(seen) >= 2 and not any(seen)

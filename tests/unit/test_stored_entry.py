@@ -45,9 +45,11 @@ from celery_singlebeat.schedules.definition import (
     MAX_HEADERS_BYTES,
     compact_json,
 )
+from celery_singlebeat.schedules.runs import definition_of_row
 from celery_singlebeat.schedules.spec import WRITTEN_FIELDS
 from celery_singlebeat.slots import MissedPolicy, sequence_for
 from celery_singlebeat.sources import check_definition
+from celery_singlebeat.store.values import EDITABLE, ScheduleRow
 
 UTC = timezone.utc
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -499,6 +501,11 @@ def test_an_entry_round_trips_through_its_fields_and_its_document(
     assert back == made
 
 
+def test_the_fields_are_the_columns_a_row_leads_with() -> None:
+    # checked_row takes a row's written columns by position
+    assert WRITTEN_FIELDS == EDITABLE
+
+
 def test_the_fields_are_compact_sorted_json() -> None:
     made = entry(
         {"crontab": "0 9 * * *", "tz": "Europe/Paris"}, kwargs={"b": 1, "a": "é"}, missed="all"
@@ -632,6 +639,33 @@ def test_the_definition_the_engine_tracks() -> None:
     assert runs[:-1] == [datetime_to_us(NOW + timedelta(minutes=m)) for m in (0, 5, 10)]
     row = describe(definition.name, definition.task, definition.schedule, definition.tz)
     assert row.schedule == "crontab(*/5 * * * *) Europe/Paris, at most 3 runs"
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        entry(),
+        entry({"crontab": "*/5 * * * *", "tz": "Europe/Paris"}, args=[1], queue="q", max_runs=3),
+        entry("0 9 * * 1-5", kwargs={"a": [1, {"b": None}]}, missed="all", jitter=30),
+        entry(timedelta(hours=2), start=NOW, end=NOW + timedelta(days=3), priority=3),
+        entry(NOW + timedelta(days=1), headers={"h": "v"}, expires=60, description="once"),
+    ],
+    ids=["interval", "bounded-crontab", "jittered", "started", "once"],
+)
+def test_a_row_gives_the_definition_its_entry_gives(made: StoredEntry) -> None:
+    # the engine reads rows straight into definitions (runs.definition_of_row);
+    # the API reads them into entries: one definition either way
+    row = ScheduleRow(
+        **entry_to_fields(made),
+        revision=7,
+        created_us=datetime_to_us(NOW),
+        updated_us=datetime_to_us(NOW) + 5,
+        created_by="a",
+        updated_by="b",
+    )
+    from_row = definition_of_row(row, DEFAULT, PARIS)
+    assert from_row == definition_of(entry_from_fields(row._asdict()), DEFAULT, PARIS)
+    assert from_row.revision == "7" and from_row.since_us == datetime_to_us(NOW) + 5
 
 
 def test_the_definitions_policy_and_zone_defaults() -> None:
