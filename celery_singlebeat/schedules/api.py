@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..author import MAX_AUTHOR, default_author
+from ..clock import datetime_to_us
 from ..config import Settings
 from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
 from ..store.schedule_store import ScheduleStore
@@ -309,7 +310,7 @@ class Schedules:
         if not moved:
             return
         since = current.start or current.created
-        since_us = 0 if since is None else int(since.timestamp() * 1_000_000)
+        since_us = 0 if since is None else datetime_to_us(since)
         if self.store.sent_count(name, since_us) > 0:
             raise InvalidEntry(
                 name,

@@ -296,3 +296,32 @@ def test_an_edit_loses_no_slot_of_an_entry_that_runs_every_second(
     assert first <= _us(created.created) + 2 * US
     missing = [at for at in expected if at not in sent]
     assert not missing, f"{len(missing)} slots sent under neither version: {missing[:5]}"
+
+
+def test_a_limited_entry_keeps_its_runs_once_one_was_sent(
+    harness_for: Callable[..., Harness],  # noqa: F811
+) -> None:
+    """An entry of at most N runs: before its first run anything may change;
+    once a replica sent one, an edit that would move its instants (schedule,
+    start, max_runs, jitter) is refused naming the first such field, and one
+    that does not (its arguments) is taken."""
+    harness = harness_for({})
+    simulate(harness, 4)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store, by="test")
+    schedules.upsert("limited", TASK, timedelta(seconds=1), max_runs=3)
+    schedules.update("limited", schedule=timedelta(seconds=2))  # nothing sent yet
+    replica = harness.replica()
+    replica.tick()
+    deadline = harness.clock() + 10 * US
+    while not harness.drain() and harness.clock() < deadline:
+        harness.clock.advance(timedelta(milliseconds=100))
+        replica.tick()
+    assert harness.clock() < deadline, "the limited entry's first run was not sent"
+    before = schedules.get("limited")
+    for change in ({"schedule": timedelta(seconds=5)}, {"max_runs": 4}, {"jitter": 1}):
+        field = next(iter(change))
+        with pytest.raises(InvalidEntry, match=rf"{field}: entry limited to 3 runs has already"):
+            schedules.update("limited", **change)
+    assert schedules.get("limited") == before
+    assert schedules.update("limited", kwargs={"a": 1}).kwargs == {"a": 1}
