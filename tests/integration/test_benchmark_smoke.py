@@ -145,6 +145,12 @@ def _check_rates(results: dict[str, Any]) -> None:
 SHARING_ROWS = (("batchbeat", 1), ("singlebeat", 1), ("singlebeat", 3))
 
 
+# Alone on the machine: make test runs it after the parallel pass (-m serial).
+# Its burst (2,000 slots due in one second, 3 replicas) must all go out, and
+# a slot claimed more than the grace (5 s) late is skipped by the missed-run
+# policy, as it should be. Beside the other suites (4 workers on 2 cores) the
+# replicas were starved that long once in three runs: 430 of 2,000 skipped.
+@pytest.mark.serial
 def test_quick_scale_run_completes_with_every_row(
     pg_url: str, mysql_url: str, redis_url: str, tmp_path: Path
 ) -> None:
