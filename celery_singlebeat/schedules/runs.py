@@ -128,7 +128,6 @@ def definition_of(
     of past slots. A disabled entry is never given to the engine (its source
     drops it), so this does not look at ``enabled``.
     """
-    created = _us(entry.created)
     return _definition(
         entry.name,
         entry.task,
@@ -137,15 +136,8 @@ def definition_of(
         entry.kwargs,
         entry.options,
         entry.missed,
-        _bounds(
-            entry.name,
-            _us(entry.start),
-            _us(entry.end),
-            entry.max_runs,
-            entry.jitter // timedelta(microseconds=1),
-            created,
-        ),
-        created,
+        bounds_of(entry),
+        _us(entry.created),
         _us(entry.updated),
         entry.revision,
         default_policy,
