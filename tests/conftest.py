@@ -78,6 +78,17 @@ def direct_engine(url: str | URL, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
+def drop_tables(url: str | URL, table_prefix: str) -> None:
+    """Drop a test's tables (``table_prefix``) through an engine of its own."""
+    from celery_singlebeat.store.schema import Tables
+
+    engine = direct_engine(url)
+    try:
+        Tables(table_prefix).metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``shared_postgres`` every test that reaches the PostgreSQL of
     ``SB_TEST_PG``: through the ``pg_url`` fixture, or the ``db_url`` fixture's

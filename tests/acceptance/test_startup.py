@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
-from conftest import direct_engine
+from conftest import direct_engine, drop_tables
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
@@ -182,11 +182,7 @@ def schema_cleanup() -> Iterator[list[tuple[str, str]]]:
     for url, prefix in created:
         if url.startswith("sqlite"):
             continue
-        engine = direct_engine(url)
-        try:
-            Tables(prefix).metadata.drop_all(engine)
-        finally:
-            engine.dispose()
+        drop_tables(url, prefix)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import direct_engine
+from conftest import direct_engine, drop_tables
 from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
@@ -373,8 +373,4 @@ def test_behind_pgbouncer_in_transaction_mode_a_listener_hears_nothing_but_its_p
             listener.close()
     finally:
         store.close()
-        engine = direct_engine(pgbouncer_url)
-        try:
-            Tables(table_prefix).metadata.drop_all(engine)
-        finally:
-            engine.dispose()
+        drop_tables(pgbouncer_url, table_prefix)

@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import direct_engine
+from conftest import direct_engine, drop_tables
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_singlebeat.exceptions import ScheduleExists, ScheduleNotFound
 from celery_singlebeat.store.base import EDITABLE, ScheduleFeed, ScheduleRow, ScheduleWrite, Store
-from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
 
@@ -91,11 +90,7 @@ class Follower:
 def server_url(request: pytest.FixtureRequest, table_prefix: str) -> Iterator[tuple[str, str]]:
     url = request.getfixturevalue("pg_url" if request.param == "postgres" else "mysql_url")
     yield url, table_prefix
-    engine = direct_engine(url)
-    try:
-        Tables(table_prefix).metadata.drop_all(engine)
-    finally:
-        engine.dispose()
+    drop_tables(url, table_prefix)
 
 
 def test_a_follower_of_concurrent_writers_sees_every_revision_in_order(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
-from conftest import direct_engine
+from conftest import direct_engine, drop_tables
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
@@ -109,11 +109,7 @@ def backend(
     leaked = [s.engine.pool.checkedout() for s in backend.opened]  # type: ignore[attr-defined]
     for store in backend.opened:
         store.close()
-    engine = direct_engine(url)
-    try:
-        Tables(table_prefix).metadata.drop_all(engine)
-    finally:
-        engine.dispose()
+    drop_tables(url, table_prefix)
     assert leaked == [0] * len(leaked), "a pooled connection was left checked out"
 
 
