@@ -57,6 +57,9 @@ SKIPPED: Final = "skipped"
 #: after a broken connection, the database lacked slots this replica had sent
 #: (a failover to a standby that had not received them): written again
 LOST_WRITES: Final = "lost_writes"
+#: after a broken connection, slots another replica had won were proposed
+#: again and won: the database had lost their claims (batch)
+RECOVERED: Final = "recovered"
 
 # -- SingletonTask (logger celery_singlebeat.singleton) ------------------------
 

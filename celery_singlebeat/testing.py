@@ -83,6 +83,7 @@ from .store.base import (
     ScheduleWrite,
     SlotKey,
     Store,
+    Written,
 )
 from .store.schedule_edits import check_batch, plan
 from .store.schema import SCHEMA_VERSION
@@ -421,7 +422,7 @@ class MemoryStore(Store):
         owner: str,
         slots: Sequence[SlotKey],
         lease_us: int,
-        revisions: Mapping[str, int] | None = None,
+        revisions: Mapping[str, Written] | None = None,
     ) -> list[Claim]:
         """See :meth:`.SlotStore.claim`."""
         if not slots:
@@ -436,7 +437,7 @@ class MemoryStore(Store):
                 if self._pauses and self._paused(key.entry, now):
                     continue
                 if revisions and self._stale(
-                    key.entry, revisions.get(key.entry, 0), max(now, key.slot_us)
+                    key.entry, revisions.get(key.entry), max(now, key.slot_us)
                 ):
                     continue
                 row = self._slots.get(key)
@@ -454,15 +455,16 @@ class MemoryStore(Store):
         row = self._schedules.get(entry)
         return row is not None and row.enabled and not row.deleted
 
-    def _stale(self, entry: str, revision: int, latest: int) -> bool:
-        """As the SQL claim: a stored entry replaced more than a second before
+    def _stale(self, entry: str, written: Written | None, latest: int) -> bool:
+        """As the SQL claim: a stored entry replaced (another write, also one
+        that took the same revision number) more than a second before
         ``latest`` (the later of now and the slot's instant)."""
-        if revision <= 0:
+        if written is None or written.revision <= 0:
             return False
         row = self._schedules.get(entry)
         return (
             row is not None
-            and row.revision != revision
+            and (row.revision, row.updated_us) != written
             and row.updated_us + STALE_DEFINITION_US < latest
         )
 
@@ -499,7 +501,7 @@ class MemoryStore(Store):
                 again.append(claim)
             return sorted(again, key=lambda c: (c.slot_us, c.entry))
 
-    def lose_writes(self, after_us: int) -> int:
+    def lose_writes(self, after_us: int, *, break_connection: bool = True) -> int:
         """What a failover to a standby that lagged behind does: forget every
         write after ``after_us`` on the store's clock (rows claimed or taken
         over then are gone, confirms made then are undone, the stored schedules
@@ -507,7 +509,9 @@ class MemoryStore(Store):
         connection once: :attr:`~celery_singlebeat.store.connection.StoreConnection.interruptions`
         counts it, and with :attr:`.StoreConnection.stop_at_reconnect` the next round trip raises
         :class:`~celery_singlebeat.exceptions.ConnectionReplaced` without doing
-        anything. SingletonTask's run rows too. Returns how many rows changed.
+        anything. ``break_connection=False``: the clients see no break (a
+        pooler in front of the database moved its own connections to the
+        promoted standby). SingletonTask's run rows too. Returns how many rows changed.
         A test helper, not a round trip."""
         changed = 0
         with self._lock:
@@ -536,8 +540,9 @@ class MemoryStore(Store):
                 self._schedule_revision = counter
                 changed += 1
             self._schedule_log = [r for r in self._schedule_log if r.at_us <= after_us]
-            self.interruptions += 1
-            self._broken = True
+            if break_connection:
+                self.interruptions += 1
+                self._broken = True
         return changed
 
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:

@@ -12,6 +12,7 @@ clock: planned again), or lost to another replica.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from .. import decisions
@@ -21,7 +22,7 @@ from ..exceptions import StoreUnavailable
 from ..schedules.source import LABEL as STORED
 from ..sharing import FALLBACK_BATCH, FALLBACK_DELAY_US, FIRST_BATCH
 from ..slots import Plan, plan_due, slot_task_id
-from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey
+from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Written
 from .agenda import NOTHING_WON, Agenda, Tracked
 from .context import ReplicaContext
 from .controls import Controls
@@ -60,16 +61,18 @@ class Claiming:
         self.controls = controls
         self.held = held
 
-    def _revisions(self, due: list[Tracked]) -> dict[str, int] | None:
-        """The revision each due stored entry is proposed under: the claim
-        refuses its slots once the database holds a definition replaced more
-        than a second before (SlotStore.claim)."""
+    def _revisions(self, names: Iterable[str]) -> dict[str, Written] | None:
+        """The write each due stored entry is proposed under (its revision and
+        the instant of that write, which together name one definition also
+        after a promoted standby reused the number): the claim refuses its
+        slots once the database holds a definition replaced more than a second
+        before (SlotStore.claim)."""
         definitions = self.agenda.definitions
         revisions = {}
-        for tracked in due:
-            definition = definitions.get(tracked.name)
+        for name in names:
+            definition = definitions.get(name)
             if definition is not None and definition.source == STORED:
-                revisions[tracked.name] = int(definition.revision)
+                revisions[name] = Written(int(definition.revision), definition.since_us or 0)
         return revisions or None
 
     def claim_due(self) -> Claimed | None:
@@ -113,11 +116,12 @@ class Claiming:
                 keys.extend(
                     SlotKey(tracked.name, at) for at in plan.propose if at not in tracked.won
                 )
-        if not due:
+        recovering = self._recovering(keys)
+        if not due and not recovering:
             return None
         started = ctx.env.monotonic()
         try:
-            revisions = self._revisions(due)
+            revisions = self._revisions([*(t.name for t in due), *(k.entry for k in recovering)])
             # a store of an earlier release takes three arguments: only stored
             # entries need the fourth, and such a store has none
             won = (
@@ -132,6 +136,7 @@ class Claiming:
             self.held.answer_lost(keys, ctx.env.monotonic())
             for tracked in due:
                 agenda.push(tracked)
+            self.hold.recover[:0] = recovering
             raise
         mine = {c.key for c in won}
         refused = [key for key in keys if key not in mine] if len(won) < len(keys) else []
@@ -187,6 +192,14 @@ class Claiming:
         lost = [key for key in refused if key not in early_keys]
         if self.held:
             self.held.lost(lost)
+        if lost:
+            # what another replica won: proposed again after a break (Hold.recovery)
+            self.hold.won_elsewhere.add(
+                [key for key in lost if key not in recovering] if recovering else lost,
+                ctx.env.monotonic(),
+            )
+        if recovering:
+            self._report_recovered([c for c in won if c.key in recovering], len(recovering))
         taken = {c.key for c in won if self.held.taken_from_another(c)}
         ctx.stats["claimed"] += len(won)
         ctx.stats["lost"] += len(lost)
@@ -199,6 +212,48 @@ class Claiming:
         first = {t.name for t in due if t.first}
         lost_own_share = bool(first) and any(key.entry in first for key in lost)
         return Claimed(won, started, taken, lost_own_share)
+
+    def _recovering(self, keys: list[SlotKey]) -> list[SlotKey]:
+        """The slots to propose again after a break (Hold.recovery) that this
+        claim does not propose already, of entries this replica has (one it
+        no longer has is left to a replica that does, as any such slot);
+        added to ``keys``."""
+        if not self.hold.recover:
+            return []
+        definitions = self.agenda.definitions
+        proposed = set(keys)
+        recovering = [
+            key
+            for key in self.hold.recovery(self.ctx.env.monotonic(), FALLBACK_BATCH)
+            if key.entry in definitions and key not in proposed
+        ]
+        keys.extend(recovering)
+        return recovering
+
+    def _report_recovered(self, won: list[Claim], proposed: int) -> None:
+        ctx = self.ctx
+        ctx.stats["recovered"] += len(won)
+        if not won:
+            logger.info(
+                "singlebeat: replica %s proposed again %d slot(s) other replicas had won "
+                "before the connection broke; the database still has each",
+                ctx.replica_id,
+                proposed,
+            )
+            return
+        first = won[0]
+        logger.warning(
+            "singlebeat: replica %s won %d of the %d slot(s) other replicas had won before "
+            "the connection broke (first %s@%s): the database no longer has their claims (a "
+            "failover to a standby that lacked them?); sent with their task ids, so a copy "
+            "of one its first claimer did publish is dropped by the worker",
+            ctx.replica_id,
+            len(won),
+            proposed,
+            first.entry,
+            slot_text(first.slot_us),
+            extra=batch_fields(decisions.RECOVERED, ctx.replica_id, len(won), first),
+        )
 
     def _log_lost(self, lost: list[SlotKey]) -> None:
         me = self.ctx.replica_id

@@ -46,6 +46,7 @@ class ReplicaContext:
             "outages": 0,
             "paused": 0,
             "lost_writes": 0,
+            "recovered": 0,
         }
 
     @property

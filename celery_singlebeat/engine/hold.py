@@ -7,7 +7,11 @@ confirmed slots again (and those published but never recorded), and for a
 sweep interval and a margin proposes nothing it is not first for and takes
 nothing over: a slot another replica sent, whose row the database lost, is
 about to be written again by that replica. The slots the hold keeps back are
-judged on time or late as of the hold's start, not its end.
+judged on time or late as of the hold's start, not its end. When the hold
+ends, the slots this replica saw another replica win during the failover
+window are proposed again (:meth:`Hold.recovery`): by then every live
+replica has written back what it sent, so only the claims of a replica that
+could not (it died or stalled) are won, and sent.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import logging
 from .. import decisions
 from ..clock import US
 from ..decisions import batch_fields, slot_text
-from ..failover import SentJournal, hold_seconds
+from ..failover import Journal, SentJournal, hold_seconds
 from ..slots import KeptSpan
-from ..store.base import Claim
+from ..store.base import Claim, SlotKey
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
@@ -32,6 +36,11 @@ class Hold:
         self.ctx = ctx
         #: the slots confirmed lately, written again after a broken connection
         self.journal = SentJournal(ctx.settings.failover_window.total_seconds())
+        #: the slots this replica proposed lately and another replica won
+        self.won_elsewhere: Journal[SlotKey] = Journal(ctx.settings.failover_window.total_seconds())
+        #: of those, the ones to propose again once the hold ends (what the
+        #: journal held at the last break), oldest first
+        self.recover: list[SlotKey] = []
         #: the store's interruption count last acted on (None: never
         #: connected, nothing to write again)
         self._seen: int | None = None
@@ -57,6 +66,22 @@ class Hold:
 
     def holding(self, monotonic: float) -> bool:
         return monotonic < self.until
+
+    def recovery(self, monotonic: float, limit: int) -> list[SlotKey]:
+        """Up to ``limit`` of the slots to propose again, once the hold has
+        ended (the rest wait for the next tick); none while it holds.
+
+        A slot another replica won has a row in the database unless the
+        failover lost it; by the hold's end each live replica has written back
+        what it sent, so the claim refuses those and wins only the rows of a
+        claimer that could not write them (it died or stalled just before
+        the failover). Without this, such a slot was never proposed again:
+        every replica had planned past it (issue 30; the chaos run lost one so
+        at seed 8)."""
+        if not self.recover or self.holding(monotonic):
+            return []
+        keys, self.recover = self.recover[:limit], self.recover[limit:]
+        return keys
 
     def interrupted(self) -> bool:
         """Whether the store's connection broke since this replica last acted on it."""
@@ -133,6 +158,9 @@ class Hold:
         sent = confirmed + unconfirmed
         written = store.reassert(ctx.replica_id, sent) if sent else []
         self._seen = seen
+        # every break: a restart or an outage loses nothing, and the claim
+        # refuses what still has its row, at one statement per break
+        self.recover = list(dict.fromkeys([*self.recover, *self.won_elsewhere.recent()]))
         self.until = ctx.env.monotonic() + self.seconds
         self._since_us = store.clock.now_us()
         # Only a confirm the database acknowledged and no longer has is a lost

@@ -318,6 +318,9 @@ class Engine:
             # held after a broken connection: the fallbacks wake when it ends,
             # the entries this replica proposes first keep their own time
             delay = min(delay, max(later, self.hold.until - env.monotonic()))
+        if self.hold.recover:
+            # the slots to propose again go out as the hold ends (Hold.recovery)
+            delay = min(delay, self.hold.until - env.monotonic())
         delay = min(delay, self.next_sweep - env.monotonic(), self.feed.next_read - env.monotonic())
         if self.controls.listener is not None:
             delay = min(delay, LISTEN_POLL_S)

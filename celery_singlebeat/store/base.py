@@ -96,6 +96,7 @@ from .values import (
     ScheduleRow,
     ScheduleWrite,
     SlotKey,
+    Written,
     controls_channel,
 )
 
@@ -132,6 +133,7 @@ __all__ = [
     "SlotStore",
     "Store",
     "StoreConnection",
+    "Written",
     "controls_channel",
 ]
 

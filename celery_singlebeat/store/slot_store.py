@@ -15,7 +15,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 from .connection import StoreConnection
-from .values import Claim, EntryState, SlotKey
+from .values import Claim, EntryState, SlotKey, Written
 
 __all__ = ["SlotStore"]
 
@@ -46,7 +46,7 @@ class SlotStore(StoreConnection):
         owner: str,
         slots: Sequence[SlotKey],
         lease_us: int,
-        revisions: Mapping[str, int] | None = None,
+        revisions: Mapping[str, Written] | None = None,
     ) -> list[Claim]:
         """Atomically claim the given slots for ``owner``; return those won.
 
@@ -63,9 +63,12 @@ class SlotStore(StoreConnection):
         a slot more than :data:`.EARLY_TOLERANCE_US` after the database's now (a
         replica whose clock estimate runs ahead must not send early: it proposes
         such a slot again when it is due). ``revisions`` names, for stored
-        entries, the revision of the definition the claimer proposes under: a
-        slot of such an entry is not won when its row in the stored schedules
-        (:class:`.ScheduleStore`) has another revision, written (or deleted)
+        entries, the write of the definition the claimer proposes under (its
+        revision and the instant of that write, :class:`.Written`): a slot of
+        such an entry is not won when its row in the stored schedules
+        (:class:`.ScheduleStore`) is another write (another revision, or the
+        same number written at another instant: a promoted standby reuses the
+        numbers of the writes it lacked), made (or deleted)
         more than :data:`.STALE_DEFINITION_US` before the later of the
         database's now and the slot's instant, so no slot whose instant is
         more than a second after a definition was replaced goes out under it,

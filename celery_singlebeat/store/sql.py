@@ -50,6 +50,7 @@ from .base import (
     ScheduleWrite,
     SlotKey,
     Store,
+    Written,
     controls_channel,
 )
 from .executor import MAX_ATTEMPTS, SqlExecutor
@@ -64,6 +65,9 @@ if TYPE_CHECKING:
     from .fleet_store import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
+
+#: the write a slot of no stored entry is proposed under: none to check
+_NO_WRITE = Written(0, 0)
 
 
 def _engine_defaults(url: URL) -> dict[str, Any]:
@@ -350,13 +354,15 @@ class SqlStore(Store):
         owner: str,
         slots: Sequence[SlotKey],
         lease_us: int,
-        revisions: Mapping[str, int] | None = None,
+        revisions: Mapping[str, Written] | None = None,
     ) -> list[Claim]:
         if not slots:
             return []
-        # each slot with the revision it is proposed under (0: no stored entry)
+        # each slot with the write it is proposed under (0, 0: no stored entry)
         revs = revisions or {}
-        payload = json.dumps(sorted({(s.entry, s.slot_us, revs.get(s.entry, 0)) for s in slots}))
+        payload = json.dumps(
+            sorted({(s.entry, s.slot_us, *revs.get(s.entry, _NO_WRITE)) for s in slots})
+        )
         if self.sql.returning:
             return self.executor.run(
                 "claim",

@@ -122,26 +122,30 @@ def _stored(entry: str) -> str:
                        AND d.deleted = 0 AND d.enabled = 1)"""
 
 
-def _stale(entry: str, revision: str, latest: str) -> str:
-    """True when ``entry`` is a stored entry proposed under ``revision`` (an
-    SQL expression; 0 for an entry of no stored schedule) and its row says the
-    definition was replaced more than ``:stale_us`` before ``latest``: edited to
-    another revision, disabled or deleted (a tombstone has its own revision).
+def _stale(entry: str, revision: str, written: str, latest: str) -> str:
+    """True when ``entry`` is a stored entry proposed under the write
+    ``revision`` made at ``written`` (SQL expressions; revision 0 for an entry
+    of no stored schedule) and its row says the definition was replaced more
+    than ``:stale_us`` before ``latest``: edited to another revision,
+    disabled or deleted (a tombstone has its own revision), or written again
+    under the same number by a promoted standby that lacked the write (so the
+    row's instant differs).
     ``latest`` is the later of the database's now and the slot's instant: a
     slot may be claimed up to EARLY_TOLERANCE_US before its instant, and no
     slot whose instant is more than ``:stale_us`` after the replacement may
     go out under the replaced definition."""
     return f"""({revision} > 0 AND EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
-                   AND d.revision <> {revision} AND d.updated_us + :stale_us < {latest}))"""
+                   AND (d.revision <> {revision} OR d.updated_us <> {written})
+                   AND d.updated_us + :stale_us < {latest}))"""
 
 
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
                        CAST(v ->> 2 AS BIGINT) AS fence
                 FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
 
-#: the claim's slots: each with the revision it is proposed under (Store.claim)
+#: the claim's slots: each with the write it is proposed under (Store.claim)
 _PG_CLAIM_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
-                       CAST(v ->> 2 AS BIGINT) AS revision
+                       CAST(v ->> 2 AS BIGINT) AS revision, CAST(v ->> 3 AS BIGINT) AS written_us
                 FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
 
 POSTGRESQL = Dialect(
@@ -175,7 +179,7 @@ POSTGRESQL = Dialect(
             CROSS JOIN n
             WHERE c.slot_us > COALESCE(e.last_slot_us, -1) AND c.slot_us <= n.us + :early_us
               AND NOT {_paused("c.entry", "n.us")}
-              AND NOT {_stale("c.entry", "c.revision", "GREATEST(n.us, c.slot_us)")}
+              AND NOT {_stale("c.entry", "c.revision", "c.written_us", "GREATEST(n.us, c.slot_us)")}
             ORDER BY c.entry, c.slot_us
             ON CONFLICT (entry, slot_us) DO UPDATE
                 SET owner = EXCLUDED.owner, fence = s.fence + 1,
@@ -345,13 +349,19 @@ MYSQL = Dialect(
         FROM JSON_TABLE(:slots, '$[*]' COLUMNS (
                 entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
                 slot_us BIGINT PATH '$[1]',
-                revision BIGINT PATH '$[2]')) c
+                revision BIGINT PATH '$[2]',
+                written_us BIGINT PATH '$[3]')) c
         JOIN {{e}} e ON e.name = c.entry COLLATE utf8mb4_bin
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
           AND c.slot_us <= {_MY_NOW} + :early_us
           AND NOT {_paused("c.entry COLLATE utf8mb4_bin", _MY_NOW)}
           AND NOT {
-        _stale("c.entry COLLATE utf8mb4_bin", "c.revision", f"GREATEST({_MY_NOW}, c.slot_us)")
+        _stale(
+            "c.entry COLLATE utf8mb4_bin",
+            "c.revision",
+            "c.written_us",
+            f"GREATEST({_MY_NOW}, c.slot_us)",
+        )
     }
         ORDER BY c.entry, c.slot_us
         ON DUPLICATE KEY UPDATE
@@ -487,6 +497,7 @@ SQLITE = Dialect(
         _stale(
             "json_extract(c.value, '$[0]')",
             "json_extract(c.value, '$[2]')",
+            "json_extract(c.value, '$[3]')",
             f"max({_LITE_NOW}, json_extract(c.value, '$[1]'))",
         )
     }

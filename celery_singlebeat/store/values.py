@@ -29,6 +29,21 @@ EARLY_TOLERANCE_US = 250_000
 STALE_DEFINITION_US = 1_000_000
 
 
+class Written(NamedTuple):
+    """Which write of a stored entry a definition came from: the revision the
+    write took and the database's instant of it (microseconds since the epoch).
+
+    The revision alone does not name one definition: a standby promoted
+    without the last writes counts revisions on from below them, so the next
+    write takes a number a lost one had. Two writes share both the number and
+    the microsecond only if the promoted standby's clock reads, at its write,
+    the very microsecond the lost write was stamped with.
+    """
+
+    revision: int
+    at_us: int
+
+
 class SlotKey(NamedTuple):
     """One run of one entry: the entry's name and the slot instant."""
 

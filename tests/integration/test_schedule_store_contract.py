@@ -35,6 +35,7 @@ from celery_singlebeat.store.base import (
     ScheduleWrite,
     SlotKey,
     Store,
+    Written,
 )
 from celery_singlebeat.store.schedule_edits import digest
 from celery_singlebeat.store.schema import Tables
@@ -760,14 +761,14 @@ def test_the_claim_refuses_a_slot_proposed_under_a_definition_replaced_over_a_se
     store = backend.ready()
     store.register(["s"])
     (first,) = store.write_schedules([create("s")], by="t")
-    r1 = first.revision
+    r1 = Written(first.revision, first.updated_us)
     now = store.ping()
     assert [c.slot_us for c in store.claim("a", [SlotKey("s", now)], LONG_LEASE, {"s": r1})]
     (second,) = store.write_schedules(
         [ScheduleWrite("update", "s", {"task": "tasks.other"})], by="t"
     )
-    r2, replaced = second.revision, second.updated_us
-    assert r2 > r1
+    r2, replaced = Written(second.revision, second.updated_us), second.updated_us
+    assert r2.revision > r1.revision
     # within the second after the edit, the old definition's slots still go out
     soon = store.ping() + 1000
     assert soon < replaced + STALE_DEFINITION_US
@@ -791,3 +792,33 @@ def test_the_claim_refuses_a_slot_proposed_under_a_definition_replaced_over_a_se
     assert store.claim("d", [SlotKey("s", later)], LONG_LEASE, {"s": r2}) == []
     # a claim without revisions (a beat_schedule entry's) is not judged so
     assert store.claim("d", [SlotKey("s", later + 1)], LONG_LEASE)
+
+
+def test_the_claim_tells_two_writes_that_took_one_revision_number_apart(
+    backend: Backend,
+) -> None:
+    """A standby promoted without the last write counts revisions on from
+    below it: the next write takes the lost one's number. A replica that read
+    the lost write proposes under that number with the lost write's instant;
+    the claim compares both, so the slot is refused once the row's write (the
+    same number, another instant) is more than STALE_DEFINITION_US old, as for
+    any replaced definition. (On numbers alone it was won: issue 30.)"""
+    from celery_singlebeat.store.values import STALE_DEFINITION_US
+
+    store = backend.ready()
+    store.register(["s"])
+    (row,) = store.write_schedules([create("s")], by="t")
+    # the lost write: the same number, stamped a moment before the row's
+    lost = Written(row.revision, row.updated_us - 250_000)
+    ours = Written(row.revision, row.updated_us)
+    soon = store.ping()
+    # within the second after the row's write, the lost one's slots still go out
+    if soon < row.updated_us + STALE_DEFINITION_US:
+        assert store.claim("a", [SlotKey("s", soon)], LONG_LEASE, {"s": lost})
+    wait_db_past(store, row.updated_us + STALE_DEFINITION_US)
+    now = store.ping()
+    assert store.claim("b", [SlotKey("s", now)], LONG_LEASE, {"s": lost}) == []
+    # the write the row holds is not refused
+    assert [c.slot_us for c in store.claim("b", [SlotKey("s", now)], LONG_LEASE, {"s": ours})] == [
+        now
+    ]

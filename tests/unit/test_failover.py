@@ -270,3 +270,44 @@ def test_slots_a_hold_kept_back_stay_on_time_after_an_outage_that_cut_it_short(
     gone = [at for at in range(first_us + (held + 1) * period, back_us - 6 * period, period)]
     for entry in sorted(share):
         assert not [at for at in gone if (entry, at) in sent], entry
+
+
+def test_a_claim_the_failover_lost_whose_claimer_stopped_is_sent_by_another_replica(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The chaos run's seed 8 (issue 30): r0 claims its share of a slot and
+    stops (killed, or paused) before it publishes; the fallbacks lose the
+    slot to its claims. A failover to a standby that lacked those rows
+    follows: r0 cannot write them back, and every replica has planned past
+    the slot, so nobody proposed it again. Now r1 and r2 propose again, when
+    their hold ends, the slots they saw another replica win: r0's are won and
+    sent, once each; their own, written back, are refused."""
+    harness, shift, replicas, share, _ = _dead_replicas_share(
+        harness_for, monkeypatch, caplog, "coalesce"
+    )
+    r0, others = replicas[0], replicas[1:]
+    harness.clock.advance(SECOND - FALLBACK)
+    slot_us = harness.t0_us
+    lease_us = r0.settings.lease_us
+    claimed = harness.store.claim("r0", [SlotKey(name, slot_us) for name in share], lease_us)
+    assert len(claimed) == len(share)  # r0's claims; it stops before it publishes
+    for replica in others:
+        replica.tick()  # their own shares, sent
+    harness.clock.advance(FALLBACK)
+    for replica in others:
+        replica.tick()  # r0's share as fallbacks: lost to its claims
+    assert harness.store.lose_writes(slot_us - 1) >= len(share)
+    rounds = int(hold_seconds(others[0].engine.sweep_every)) + 3
+    _rounds(harness, shift, replicas, rounds)
+    sent = Counter((m.entry, m.at_us) for m in harness.drain())
+    assert max(sent.values()) == 1, [key for key, n in sent.items() if n > 1]
+    at_slot = {entry for entry, at in sent if at == slot_us}
+    missing = sorted(share - at_slot)
+    assert not missing, f"{len(missing)} slots of r0's lost claims never sent: {missing[:5]}"
+    assert len(at_slot) == ENTRIES
+    assert sum(r.stats["recovered"] for r in others) == len(share)
+    said = [r for r in caplog.records if getattr(r, "decision", None) == "recovered"]
+    assert said and sum(r.count for r in said) == len(share)
+    assert all("the database no longer has their claims" in r.getMessage() for r in said)
