@@ -80,6 +80,21 @@ class StoredSource(EntrySource):
             return self._difference(rows), revision
         after = cursor if isinstance(cursor, int) else 0
         latest = store.schedule_revision
+        if latest is not None and latest < after:
+            # The revisions never go back (a prune keeps its floor): this
+            # database lacks writes this replica read, a promoted standby
+            # reached through a connection that never broke (a pooler moved
+            # it). Its next writes take the lost ones' numbers: read it all.
+            rows, revision = store.schedule_rows()
+            logger.warning(
+                "singlebeat: the stored schedules' revision went back from %d to %d (a "
+                "failover to a standby that lacked the last changes?); read all %d "
+                "entries again",
+                after,
+                latest,
+                len(rows),
+            )
+            return self._difference(rows), revision
         if latest is None or latest <= after:
             return (), after
         feed = store.schedule_feed(after)

@@ -225,14 +225,18 @@ def test_the_prune_drops_old_tombstones_and_history_and_a_late_replica_reloads(
     assert "gone" not in late.entries and "kept" in late.entries
 
 
+@pytest.mark.parametrize("pooled", [False, True])
 def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_find(
     harness_for: Callable[..., Harness],  # noqa: F811
+    pooled: bool,
 ) -> None:
     """A promoted standby lacks the last edit (v2) and counts revisions again
     from below what the replicas read: the next edit (v3) takes v2's number.
     The replicas read everything again once their connection is back, so they
     send v1 after the failover (what the database has), then v3 from a second
-    after its commit; nothing of the lost v2 after the hold, nothing twice."""
+    after its commit; nothing of the lost v2 after the hold, nothing twice.
+    ``pooled``: a pooler moved the connections, the replicas saw no break;
+    the revision that went back tells them instead (issue 30)."""
     harness = harness_for({})
     simulate(harness, 3)
     harness.store.prepare(True)
@@ -244,7 +248,7 @@ def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_
         standby_at = harness.clock() - 1  # the standby has what came before the edit
         v2 = schedules.update("a", args=[2])
         run.run_until(harness.clock() + 3 * US)
-        assert harness.store.lose_writes(standby_at) >= 1
+        assert harness.store.lose_writes(standby_at, break_connection=not pooled) >= 1
         assert schedules.get("a").revision == v1.revision
         failed_over = harness.clock()
         run.run_until(harness.clock() + 5 * US)
@@ -254,13 +258,22 @@ def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_
     finally:
         published = run.published()
     sent = sorted((at, _v(args)) for e, at, args in published if e == "a")
-    assert max(Counter(at for at, _ in sent).values()) == 1, "a slot was sent twice"
+    twice = [at for at, n in Counter(at for at, _ in sent).items() if n > 1]
+    # Through a pooler no replica sees the break, so none writes back the slot
+    # rows the failover lost: such a slot may go out again, with its task id
+    # (docs/guarantees.md, "Database failover"). Nothing after the failover.
+    assert not [at for at in twice if not pooled or at > failed_over], "a slot was sent twice"
     after = [(at, v) for at, v in sent if at > failed_over + 2 * US]
     assert after and not [v for _, v in after if v == 2], f"v2, lost, still sent: {after}"
     v3_from = _us(v3.updated) + EFFECT_US
     assert [v for at, v in after if at > v3_from] and all(
         v == 3 for at, v in after if at > v3_from
     ), after
+    # v1 is what the database had from the failover to v3: its slots went out
+    assert [v for at, v in after if at < _us(v3.updated)] == [
+        1 for at, v in after if at < _us(v3.updated)
+    ]
+    assert [at for at, v in after if at < _us(v3.updated)], "v1 not sent after the failover"
 
 
 @pytest.mark.parametrize("seed", [5, 6])
