@@ -114,8 +114,16 @@ class Agenda:
     def tz_of(self, definition: EntryDefinition) -> Any:
         return definition.tz or self.default_tz
 
-    def track(self, definition: EntryDefinition, state: EntryState, now_us: int) -> None:
-        """Track ``definition`` from its last recorded slot (``state``), or now."""
+    def track(
+        self,
+        definition: EntryDefinition,
+        state: EntryState,
+        now_us: int,
+        not_before_us: int | None = None,
+    ) -> None:
+        """Track ``definition`` from its last recorded slot (``state``), or now;
+        never from before ``not_before_us`` (a definition found again after a
+        failover: :meth:`.SourceWatch.reconnected`)."""
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
         if state.last_slot_us is not None:
@@ -129,12 +137,21 @@ class Agenda:
             start = now_us
         if definition.since_us is not None and definition.since_us > start:
             start = definition.since_us
+        if not_before_us is not None and not_before_us > start:
+            start = not_before_us
         self._place(definition, sequence, sequence.next_after(start))
 
-    def change(self, definition: EntryDefinition, state: EntryState, now_us: int) -> None:
+    def change(
+        self,
+        definition: EntryDefinition,
+        state: EntryState,
+        now_us: int,
+        not_before_us: int | None = None,
+    ) -> None:
         """Follow ``definition`` from its commit (``since_us``): its next slot
         is its first after that, or after ``now_us`` for a definition without
-        one (``beat_schedule``'s, which are as old as their process).
+        one (``beat_schedule``'s, which are as old as their process); never
+        from before ``not_before_us`` (found again after a failover).
 
         A replica learns of a change up to a second after its commit, maybe in
         the very tick of a slot of the new definition: counted from that tick,
@@ -149,6 +166,8 @@ class Agenda:
         start = now_us
         if definition.since_us is not None:
             start = max(definition.since_us, now_us - CHANGE_REACH_US)
+        if not_before_us is not None:
+            start = max(start, not_before_us)
         self._place(definition, sequence, sequence.next_after(start))
 
     def remove(self, name: str) -> None:

@@ -300,7 +300,7 @@ class Engine:
         self._beat(self.ctx.env.monotonic())
         # a promoted standby may lack the last changes of the sources kept in
         # the database, and reuse their revision numbers: read them again
-        self.watch.reconnected()
+        self.watch.reconnected(self.hold.tick_us)
         self.hold.begin(self.sending.unconfirmed, seen)
 
     def _sleep(self) -> float:

@@ -276,6 +276,44 @@ def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_
     assert [at for at, v in after if at < _us(v3.updated)], "v1 not sent after the failover"
 
 
+@pytest.mark.parametrize("action", ["delete", "disable"])
+def test_a_definition_a_failover_put_back_sends_nothing_of_the_time_it_was_replaced(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    action: str,
+) -> None:
+    """The chaos run's seed 8 (issue 30): an entry deleted (or disabled), the
+    replicas stop sending it, then a failover to a standby that lacked the
+    delete puts it back. The replicas read it again after the break, and
+    follow it from then on, as the database has it; the slots due while the
+    old primary had it deleted are none of its slots to send now (the reach
+    back for a change read late sent the last two seconds' worth of them)."""
+    harness = harness_for({})
+    simulate(harness, 4)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store, by="test")
+    run = Run(harness, replicas=2)
+    try:
+        schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
+        run.run_until(harness.clock() + 3 * US)
+        standby_at = harness.clock() - 1
+        if action == "delete":
+            schedules.delete("a")
+        else:
+            schedules.update("a", enabled=False)
+        replaced = harness.clock()
+        run.run_until(harness.clock() + 4 * US)
+        assert harness.store.lose_writes(standby_at) >= 1
+        failed_over = harness.clock()
+        run.run_until(harness.clock() + 10 * US)
+    finally:
+        published = run.published()
+    sent = Counter(at for e, at, _ in published if e == "a")
+    assert max(sent.values()) == 1, "a slot was sent twice"
+    owed_not = [at for at in sent if replaced + EFFECT_US < at <= failed_over]
+    assert not owed_not, f"slots of the time it was {action}d, sent after the failover: {owed_not}"
+    assert [at for at in sent if at > failed_over + 3 * US], f"not followed after the failover: {sorted(sent)}"
+
+
 @pytest.mark.parametrize("seed", [5, 6])
 def test_an_edit_loses_no_slot_of_an_entry_that_runs_every_second(
     harness_for: Callable[..., Harness],  # noqa: F811
