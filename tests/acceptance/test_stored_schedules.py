@@ -13,7 +13,10 @@ broker afterwards:
   disabled, nothing of a deleted one after its delete + 1 s;
 * an added entry is in effect within a second: a single run set 1.5 s after
   its commit is sent, once, by one replica;
-* a stored entry may not take a ``beat_schedule`` name.
+* a stored entry may not take a ``beat_schedule`` name;
+* behind PgBouncer in transaction pooling mode with listening on, a replica
+  says once that it reads the change feed every 0.95 s, and each edit's run is
+  sent within a second of its commit.
 """
 
 from __future__ import annotations
@@ -262,3 +265,62 @@ def test_an_idle_fleet_behind_pgbouncer_follows_a_change_within_a_second(
     messages = reader.finish()
     assert [m.at_us for m in messages if m.entry == "once"] == [int(at.timestamp() * US)]
     assert [m.at_us for m in messages if m.entry == "rare"] == [run.slot_us]
+
+
+#: the lines a replica logs when it stops relying on its listening connection
+#: and reads the change feed every 0.95 s: its probe did not come back, or a
+#: version moved with nothing heard (engine/controls.py, engine/feed.py)
+READS_EVERY_PERIOD = ("hears nothing", "heard no notification for a change")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_edits_behind_pgbouncer_with_listening_on_take_effect_within_a_second(
+    rig: Rig, pgbouncer_url: str, redis_url: str, table_prefix: str
+) -> None:
+    """One real replica through PgBouncer in transaction pooling mode with
+    ``singlebeat_listen`` on: its LISTEN succeeds and hears nothing. It says so
+    in one line and reads the change feed every 0.95 s, not every 5 s. Three
+    edits of an hourly entry each move its start to half a second after the
+    commit, so that each edit's run is due before a replica reading every
+    0.95 s can have seen it: each is sent, under the new definition, within a
+    second of its commit (plus a quarter second for a tick delayed on a
+    loaded machine, as ``run_now_within_a_second``), where a replica left on
+    the 5 s backstop would send it up to 5 s late."""
+    reader, _db, env = rig.fleet(
+        f"{redis_url}/6", pgbouncer_url, table_prefix, SB_ENTRIES="0", SB_LISTEN="1"
+    )
+    beat = rig.start_beat(env, "pooled-edits")
+    wait_connected([beat])
+    wait_for(
+        lambda: any(line in beat.log() for line in READS_EVERY_PERIOD),
+        15,
+        "the replica to find its LISTEN deaf",
+        interval=0.1,
+    )
+    late: list[float] = []
+    with Schedules(pgbouncer_url, table_prefix=table_prefix, by="test") as schedules:
+        schedules.upsert("edited", "beatapp.probe", timedelta(hours=1), kwargs={"i": 0})
+        for version in range(1, 4):
+            start = datetime.now(timezone.utc) + timedelta(seconds=0.5)
+            row = schedules.update("edited", start=start, kwargs={"i": version})
+            assert row.updated is not None and row.updated < start
+            committed = row.updated.timestamp()
+            message = wait_for(
+                lambda v=version: next(
+                    (m for m in reader.messages() if f"'i': {v}" in m.kwargs), None
+                ),
+                10,
+                f"the run of version {version}",
+                interval=0.02,
+            )
+            assert message.at_us == int(start.timestamp() * US)
+            late.append(message.received - committed)
+    beat.stop()
+    messages = [m for m in reader.finish() if m.entry == "edited"]
+    assert len(messages) == 3, messages  # one run per edit, nothing of version 0
+    assert max(late) <= 1.25 + READER_POLL, late
+    log = beat.log()
+    assert sum(log.count(line) for line in READS_EVERY_PERIOD) == 1, log
+    assert "notifications again" not in log, log

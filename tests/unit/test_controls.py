@@ -13,8 +13,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from test_scheduler import Harness, every, harness_for, monotonic_shift  # noqa: F401
+from test_scheduler import TASK, Harness, every, harness_for, monotonic_shift  # noqa: F401
 
+from celery_singlebeat import Schedules
 from celery_singlebeat.clock import US
 from celery_singlebeat.engine.controls import PROBE_EVERY_S, PROBE_WAIT_S
 from celery_singlebeat.engine.feed import BACKSTOP_S, READ_EVERY_S
@@ -318,3 +319,116 @@ def test_a_channel_that_went_deaf_later_is_opened_again(
     assert first.closed and "stopped hearing" in caplog.text
     assert len(listeners) == 2 and replica.engine.controls.listener is listeners[1]
     assert replica.engine.controls.listening
+
+
+# -- a listener that hears its probes but misses the changes ------------------
+
+DEAF = "heard no notification for a change"
+HEARS_AGAIN = "hears the changes' notifications again"
+
+
+def edit_seen_after(
+    replica: MemoryScheduler, shift: list[float], schedules: Schedules, name: str, step: float
+) -> float:
+    """Add a stored entry, tick until the replica tracks it; the seconds that took."""
+    schedules.upsert(name, TASK, timedelta(hours=1))
+    start = shift[0]
+    while name not in replica.engine.tracked:
+        assert shift[0] - start < 2 * BACKSTOP_S, f"{name} never seen"
+        tick_for(replica, shift, step, step)
+    return shift[0] - start
+
+
+def just_after_a_read(replica: MemoryScheduler, shift: list[float]) -> None:
+    """Tick until a read (the feed's or a heartbeat) has just been made."""
+    feed = replica.engine.feed
+    last = feed.last_read
+    while feed.last_read == last:
+        tick_for(replica, shift, 0.01, 0.01)
+
+
+def test_a_listener_deaf_to_changes_is_found_out_and_the_feed_read_every_period(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its probes come back, yet no edit is ever heard (or it went deaf between
+    two probes): the first edit is read at the backstop, the move with nothing
+    heard makes the replica read every READ_EVERY_S, saying so once, and every
+    later edit takes effect within READ_EVERY_S. A notification heard again
+    brings the backstop back, said once too."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [True])
+    replica.tick()
+    (deafish,) = listeners
+    feed = replica.engine.feed
+    schedules = Schedules(store=harness.store, by="test")
+    tick_for(replica, shift, PROBE_WAIT_S, 0.25)
+    assert feed.every() == BACKSTOP_S and replica.engine.controls.listener is deafish
+
+    just_after_a_read(replica, shift)
+    # nothing heard: the first edit waits for the backstop read, as before
+    assert edit_seen_after(replica, shift, schedules, "first", 0.05) > 1.0
+    tick_for(replica, shift, 0.05, 0.05)
+    assert feed.every() == READ_EVERY_S
+    assert caplog.text.count(DEAF) == 1
+    assert "revision moved" in caplog.text
+    for n in range(3):
+        just_after_a_read(replica, shift)
+        assert edit_seen_after(replica, shift, schedules, f"later-{n}", 0.05) <= READ_EVERY_S + 0.1
+    reads = feed.reads
+    tick_for(replica, shift, 10 * READ_EVERY_S, 0.05)
+    assert feed.reads - reads >= 7  # every BACKSTOP_S there would be 2
+    assert caplog.text.count(DEAF) == 1, "the change was logged more than once"
+    assert not deafish.closed and deafish.probes >= 1  # its probes still come back
+
+    # notices again: the next one heard puts the backstop back
+    schedules.upsert("heard", TASK, timedelta(hours=1))
+    deafish.changes = 1
+    tick_for(replica, shift, 0.05, 0.05)
+    assert "heard" in replica.engine.tracked
+    assert feed.every() == BACKSTOP_S
+    tick_for(replica, shift, 3 * BACKSTOP_S, 0.25)
+    assert caplog.text.count(HEARS_AGAIN) == 1 and caplog.text.count(DEAF) == 1
+
+
+def test_a_listener_that_hears_each_change_keeps_the_backstop_at_no_extra_statement(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every edit notified, one of them heard only at the tick after the read
+    that found it (its notification was still on the way): never judged deaf,
+    and idle the replica sends what it sent before (the sweeps' heartbeats,
+    which count as the backstop read)."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [True])
+    replica.tick()
+    (good,) = listeners
+    feed = replica.engine.feed
+    schedules = Schedules(store=harness.store, by="test")
+    tick_for(replica, shift, PROBE_WAIT_S, 0.25)
+    for n in range(3):
+        schedules.upsert(f"edit-{n}", TASK, timedelta(hours=1))
+        good.changes = 1
+        tick_for(replica, shift, 0.05, 0.05)
+        assert f"edit-{n}" in replica.engine.tracked
+        tick_for(replica, shift, 1.0, 0.25)
+    # the race: a commit just before a periodic read, heard one tick later
+    while feed.next_read - (replica.engine.ctx.env.monotonic()) > 0.25:
+        tick_for(replica, shift, 0.25, 0.25)
+    schedules.upsert("late", TASK, timedelta(hours=1))
+    just_after_a_read(replica, shift)
+    good.changes = 1
+    tick_for(replica, shift, 0.05, 0.05)
+    assert "late" in replica.engine.tracked
+    assert feed.every() == BACKSTOP_S
+    # idle: one statement per backstop period, the heartbeat's
+    tick_for(replica, shift, 1.0, 0.25)
+    reads, trips = feed.reads, harness.store.round_trips
+    tick_for(replica, shift, 30.0, 0.25)
+    assert feed.reads == reads, "a feed read of its own while the heartbeats read"
+    assert harness.store.round_trips - trips <= 30.0 / BACKSTOP_S + 1
+    assert DEAF not in caplog.text and HEARS_AGAIN not in caplog.text
