@@ -27,12 +27,15 @@ test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" tests
 	$(BIN)/python -m pytest -q -ra --durations=5 -m serial tests
 
-# The PostgreSQL store contracts and the acceptance tests that use the shared
-# PostgreSQL (marked shared_postgres by tests/conftest.py) through PgBouncer in
-# transaction pooling mode (.ci/pgbouncer.sh starts a private one on 6432). The
-# acceptance tests on SQLite, MariaDB or a PostgreSQL cluster of their own would
-# not go through it: make test ran them already. Fails unless PgBouncer's SHOW
-# STATS counted the run's transactions.
+# The PostgreSQL store contracts (slots, singleton leases, the fleet's rows and
+# controls, the failover's write-back and broken connections) and the acceptance
+# tests that use the shared PostgreSQL (marked shared_postgres by
+# tests/conftest.py) through PgBouncer in transaction pooling mode
+# (.ci/pgbouncer.sh starts a private one on 6432). The fleet contract's LISTEN
+# tests skip there (a pooler's channel is deaf by design; make test holds that
+# case against a PgBouncer of its own). The acceptance tests on SQLite, MariaDB
+# or a PostgreSQL cluster of their own would not go through it: make test ran
+# them already. Fails unless PgBouncer's SHOW STATS counted the run's transactions.
 PGBOUNCER_PORT ?= 6432
 PGBOUNCER_URL := postgresql+psycopg://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test
 test-pgbouncer: export PGBOUNCER_PORT := $(PGBOUNCER_PORT)
@@ -41,6 +44,7 @@ test-pgbouncer: $(STAMP)
 	@before=$$(.ci/pgbouncer.sh xacts); status=0; \
 	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider -k postgres \
 		tests/integration/test_store_contract.py tests/integration/test_singleton_store_contract.py \
+		tests/integration/test_fleet_contract.py tests/integration/test_failover_contract.py \
 		|| status=$$?; \
 	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 \
 		-n $(TEST_WORKERS) --dist loadgroup -m shared_postgres tests/acceptance || status=$$?; \

@@ -78,6 +78,58 @@ def direct_engine(url: str | URL, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
+def pg_backend_of(dbapi_connection: Any) -> int | None:
+    """The pid of the PostgreSQL server process at the other end of this
+    psycopg connection's own socket; None when a pooler stands between them
+    (``make test-pgbouncer``).
+
+    Behind PgBouncer in transaction pooling mode the client's connection ends
+    at the pooler, and each transaction runs on whichever server connection
+    is free: ending "its" backend ends another client's session (or the
+    killer's own), and the client's connection stays up. Told apart by the
+    two ends of the socket: the server that answers must listen on the port
+    we connected to, and see our own port as its client's."""
+    import socket
+
+    sock = socket.socket(fileno=os.dup(dbapi_connection.pgconn.socket))
+    try:
+        local_port, peer_port = sock.getsockname()[1], sock.getpeername()[1]
+    finally:
+        sock.close()
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_backend_pid(), inet_server_port(), client_port"
+            " FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
+        pid, server_port, client_port = cursor.fetchone()
+    dbapi_connection.rollback()  # end the transaction the query opened
+    return int(pid) if (server_port, client_port) == (peer_port, local_port) else None
+
+
+def shut_socket(dbapi_connection: Any) -> None:
+    """Break a psycopg connection from the client's side (both directions
+    shut, as a reset does): the next statement finds it broken. What a
+    test does in place of ending the server process behind a pooler."""
+    import socket
+
+    sock = socket.socket(fileno=os.dup(dbapi_connection.pgconn.socket))
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+
+
+def behind_pooler(url: str | URL) -> bool:
+    """True when ``url`` reaches PostgreSQL through a pooler (:func:`pg_backend_of`)."""
+    engine = direct_engine(url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            return pg_backend_of(raw) is None
+    finally:
+        engine.dispose()
+
+
 def drop_tables(url: str | URL, table_prefix: str) -> None:
     """Drop a test's tables (``table_prefix``) through an engine of its own."""
     from celery_singlebeat.store.schema import Tables

@@ -11,7 +11,7 @@ direct statement) and checks what writing them again does on every backend.
 from __future__ import annotations
 
 import pytest
-from conftest import direct_engine
+from conftest import direct_engine, pg_backend_of, shut_socket
 from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend  # noqa: F401
 
@@ -147,11 +147,18 @@ def _break_connection(db: Backend, store: Store) -> None:
         assert raw is not None
         raw.close()
         return
-    pid_sql = (
-        "SELECT pg_backend_pid()" if store.backend == "postgresql" else "SELECT CONNECTION_ID()"
-    )
     with store.engine.connect() as conn:
-        pid = conn.exec_driver_sql(pid_sql).scalar()
+        raw = conn.connection.dbapi_connection
+        if store.backend == "postgresql":
+            pid = pg_backend_of(raw)
+        else:
+            pid = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+    if pid is None:
+        # behind a pooler (make test-pgbouncer) the store's connection ends at
+        # the pooler, and no server process is its own: break it on our side
+        # (back in the pool, idle), as a pooler that restarts or moves does
+        shut_socket(raw)
+        return
     kill = (
         f"SELECT pg_terminate_backend({int(pid)})"
         if store.backend == "postgresql"

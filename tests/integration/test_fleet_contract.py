@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import direct_engine, drop_tables
+from conftest import behind_pooler, direct_engine, drop_tables
 from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
@@ -251,6 +251,17 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> 
         time.sleep(0.02)
 
 
+def direct_session(backend: Backend) -> None:
+    """The backend, when its connections reach PostgreSQL itself: LISTEN
+    needs a session of its own, which a pooler in transaction mode does not
+    give (``make test-pgbouncer``). There the channel is deaf by design, and
+    ``test_behind_pgbouncer_in_transaction_mode_...`` below holds that case
+    (``make test`` runs it against a PgBouncer of its own): skipped there."""
+    assert backend.url is not None
+    if behind_pooler(backend.url):
+        pytest.skip("LISTEN through a pooler in transaction mode hears nothing (by design)")
+
+
 @pytest.mark.parametrize("backend", ["memory", "sqlite", "mysql"], indirect=True)
 def test_listen_is_none_where_the_store_has_no_notification_channel(backend: Backend) -> None:
     """MySQL/MariaDB, SQLite and the memory store: no channel, so a replica
@@ -261,6 +272,7 @@ def test_listen_is_none_where_the_store_has_no_notification_channel(backend: Bac
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_a_listener_hears_each_control_change_at_its_commit(backend: Backend) -> None:
+    direct_session(backend)
     store = backend.ready()
     listener = store.listen()
     assert isinstance(listener, ControlListener)
@@ -288,6 +300,7 @@ def test_a_listener_hears_each_control_change_at_its_commit(backend: Backend) ->
 def test_a_listener_raises_once_its_connection_is_gone(backend: Backend) -> None:
     """The caller closes it and listens again later (the heartbeat reads what
     changed meanwhile); each listen() opens a listener of its own."""
+    direct_session(backend)
     store = backend.ready()
     first, second = store.listen(), store.listen()
     assert isinstance(first, ControlListener) and isinstance(second, ControlListener)
@@ -327,6 +340,7 @@ def test_a_listener_hears_its_own_probe_which_is_no_control_change(backend: Back
     """The probe proves the channel: it comes back to the listener that sent
     it (``probe_heard``), is not reported as a change by any listener, and
     does not count as heard for another listener's probe."""
+    direct_session(backend)
     store = backend.ready()
     first, second = store.listen(), store.listen()
     assert isinstance(first, ControlListener) and isinstance(second, ControlListener)
