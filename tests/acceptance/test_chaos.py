@@ -400,3 +400,57 @@ def test_the_editor_lanes_verdict_reads_versions_from_the_history() -> None:
     # have held its claim past the edit, and v2 sends nothing before its commit
     held = verdict(held=True)
     assert held.lost == 0 and held.dropped_with_version == 1, held.problems
+
+
+def test_a_write_a_failover_lost_is_in_force_until_the_cut() -> None:
+    """Seed 7 of issue 30: ed-0 v2 returned, then a failover lost it (the
+    history of the new primary has only v1). Its slots are v2's until the
+    old primary's last answer, the cut; from then on the database that
+    answers has v1, so a slot due between the cut and the moved address goes
+    out under v1 (it was judged outdated, v2 counted in force until the
+    move); v1 for a slot a second and more before the cut is outdated."""
+    from datetime import timedelta
+
+    from chaos_edits import EDITOR, TASK, Attempt, judge
+
+    from celery_singlebeat import stored_entry
+    from celery_singlebeat.schedules import with_changes
+    from celery_singlebeat.store.values import ScheduleLogRow
+
+    us = chaos.US
+    t0 = 1_800_000_000 * us
+    v1 = stored_entry("ed-0", TASK, timedelta(seconds=1), args=[4000], kwargs={"v": 1})
+    v2 = with_changes(v1, kwargs={"v": 2})
+    lost = Attempt(2, "ed-0", "kwargs", t0 + 10 * us, v2)
+    lost.done_us = t0 + 10 * us + 5_000
+    history = [ScheduleLogRow(1, "ed-0", "created", EDITOR, "chaos v1 create", t0, "{}")]
+    cut, moved = t0 + 14 * us + 800_000, t0 + 15 * us + 50_000
+
+    def verdict(sent: dict[int, int]) -> list[str]:
+        records = [
+            {"event": "start", "task": TASK, "task_id": str(k), "pid": 1, "token": k,
+             "slot": ["ed-0", t0 + k * us], "at": 0.0, "v": v}
+            for k, v in sent.items()
+        ]  # fmt: skip
+        report = judge(
+            [Attempt(1, "ed-0", "create", t0, v1), lost],
+            history,
+            records,
+            [],
+            [(cut, moved)],
+            t0 + 20 * us,
+            t0,
+            lambda s: True,
+            lambda s: set(),
+            lambda lo, hi: False,
+            21 * us,
+        )
+        return [p for p in report.problems if p.startswith("outdated")]
+
+    # v1 up to 10, v2 from 11 to 14, the slot at 15 (after the cut, before
+    # the move) under v1, then v1
+    good = {k: 1 for k in range(1, 11)} | {k: 2 for k in range(11, 15)} | {15: 1, 16: 1}
+    assert verdict(good) == []
+    # v1 for the slot at 13, when the old primary had v2 for 3 s
+    assert len(verdict(good | {13: 1})) == 1
+
