@@ -462,10 +462,14 @@ class MemoryStore(Store):
         if written is None or written.revision <= 0:
             return False
         row = self._schedules.get(entry)
-        return (
-            row is not None
-            and (row.revision, row.updated_us) != written
-            and row.updated_us + STALE_DEFINITION_US < latest
+        if row is None or (row.revision, row.updated_us) == written:
+            return False
+        if row.updated_us + STALE_DEFINITION_US < latest:
+            return True
+        # the first write after the claimer's, from the history
+        return any(
+            r.name == entry and written.at_us < r.at_us < latest - STALE_DEFINITION_US
+            for r in self._schedule_log
         )
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
@@ -521,6 +525,12 @@ class MemoryStore(Store):
                     changed += 1
                 elif row.state == 1 and row.sent_us is not None and row.sent_us > after_us:
                     row.state, row.sent_us = 0, None
+                    changed += 1
+            # entries registered since: their rows are gone too (the claim
+            # refuses a slot of an entry with no row)
+            for name, entry in list(self._entries.items()):
+                if entry.anchor_us > after_us:
+                    del self._entries[name]
                     changed += 1
             for key, run in list(self._runs.items()):
                 if run.started_us > after_us:

@@ -71,6 +71,7 @@ class Dialect:
             "h": f"{prefix}catalogs",
             "p": f"{prefix}pauses",
             "d": f"{prefix}schedules",
+            "l": f"{prefix}schedule_log",
         }
         values = {
             field: (
@@ -133,10 +134,18 @@ def _stale(entry: str, revision: str, written: str, latest: str) -> str:
     ``latest`` is the later of the database's now and the slot's instant: a
     slot may be claimed up to EARLY_TOLERANCE_US before its instant, and no
     slot whose instant is more than ``:stale_us`` after the replacement may
-    go out under the replaced definition."""
+    go out under the replaced definition. The replacement is the first write
+    after the claimer's, which need not be the row's last: the history says
+    when each came (a replica paused through an edit and a delete claimed,
+    as it woke, under the first definition while the row held a write a few
+    ms old: the chaos run, issue 30). The row's own instant still counts for
+    a history the prune has emptied."""
     return f"""({revision} > 0 AND EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
                    AND (d.revision <> {revision} OR d.updated_us <> {written})
-                   AND d.updated_us + :stale_us < {latest}))"""
+                   AND (d.updated_us + :stale_us < {latest}
+                        OR EXISTS (SELECT 1 FROM {{l}} l WHERE l.name = d.name
+                                   AND l.at_us > {written}
+                                   AND l.at_us + :stale_us < {latest}))))"""
 
 
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,

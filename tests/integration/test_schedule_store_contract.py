@@ -822,3 +822,33 @@ def test_the_claim_tells_two_writes_that_took_one_revision_number_apart(
     assert [c.slot_us for c in store.claim("b", [SlotKey("s", now)], LONG_LEASE, {"s": ours})] == [
         now
     ]
+
+
+def test_the_claim_counts_a_replacement_from_the_first_write_after_the_claimers(
+    backend: Backend,
+) -> None:
+    """A replica paused through two edits wakes with the first definition
+    while the row holds a write a few ms old: the first definition was
+    replaced by the write after it, over a second before, so its slot is
+    refused (the chaos run, issue 30: on the row's instant alone it was won
+    and sent 13 s after the replacement). Under the row's own write it is won."""
+    from celery_singlebeat.store.values import STALE_DEFINITION_US
+
+    store = backend.ready()
+    store.register(["s"])
+    (first,) = store.write_schedules([create("s")], by="t")
+    (second,) = store.write_schedules(
+        [ScheduleWrite("update", "s", {"task": "tasks.other"})], by="t"
+    )
+    wait_db_past(store, second.updated_us + STALE_DEFINITION_US)
+    (third,) = store.write_schedules(
+        [ScheduleWrite("update", "s", {"task": "tasks.third"})], by="t"
+    )
+    now = store.ping()
+    assert now < third.updated_us + STALE_DEFINITION_US
+    old = Written(first.revision, first.updated_us)
+    assert store.claim("a", [SlotKey("s", now)], LONG_LEASE, {"s": old}) == []
+    # the second definition was replaced by the third only now: still in its second
+    assert store.claim(
+        "b", [SlotKey("s", now)], LONG_LEASE, {"s": Written(second.revision, second.updated_us)}
+    )
