@@ -216,17 +216,23 @@ class Claiming:
     def _recovering(self, keys: list[SlotKey]) -> list[SlotKey]:
         """The slots to propose again after a break (Hold.recovery) that this
         claim does not propose already, of entries this replica has (one it
-        no longer has is left to a replica that does, as any such slot);
-        added to ``keys``."""
+        no longer has is left to a replica that does, as any such slot) and
+        of the definition it has: a slot at or before that definition's
+        commit (``since_us``) was an earlier one's, and none is sent under a
+        definition that came after it (sources.py; the chaos run sent two so
+        before this check). Added to ``keys``."""
         if not self.hold.recover:
             return []
         definitions = self.agenda.definitions
         proposed = set(keys)
-        recovering = [
-            key
-            for key in self.hold.recovery(self.ctx.env.monotonic(), FALLBACK_BATCH)
-            if key.entry in definitions and key not in proposed
-        ]
+        recovering = []
+        for key in self.hold.recovery(self.ctx.env.monotonic(), FALLBACK_BATCH):
+            definition = definitions.get(key.entry)
+            if definition is None or key in proposed:
+                continue
+            since = definition.since_us
+            if since is None or key.slot_us > since:
+                recovering.append(key)
         keys.extend(recovering)
         return recovering
 

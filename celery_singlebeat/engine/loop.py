@@ -179,7 +179,9 @@ class Engine:
             stop_worker(exc)
             raise
         definitions = self.watch.load()
-        states = store.register([d.name for d in definitions], ctx.replica_id)
+        names = [d.name for d in definitions]
+        states = store.register(names, ctx.replica_id)
+        self.watch.registered.add(names, ctx.env.monotonic())
         clock = store.clock
         now_us = clock.now_us()
         if self.membership.started_us is None:
@@ -298,8 +300,10 @@ class Engine:
         # Both are written again first; idempotent, and a break is rare.
         self.membership.publish_catalog()
         self._beat(self.ctx.env.monotonic())
-        # a promoted standby may lack the last changes of the sources kept in
-        # the database, and reuse their revision numbers: read them again
+        # a promoted standby may lack the entries registered lately, and the
+        # last changes of the sources kept in the database (and reuse their
+        # revision numbers): register those again, read these again
+        self.watch.register_again()
         self.watch.reconnected(self.hold.tick_us)
         self.hold.begin(self.sending.unconfirmed, seen)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..exceptions import ConfigurationError
+from ..failover import Journal
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource, check_definition
 from ..store.base import Claim, EntryState
 from .agenda import Agenda
@@ -71,6 +72,8 @@ class SourceWatch:
         #: after a reconnection, until the next poll: no slot of what it
         #: brings counts from before the break (reconnected)
         self._not_before_us: int | None = None
+        #: the names registered during the failover window (register_again)
+        self.registered: Journal[str] = Journal(ctx.settings.failover_window.total_seconds())
 
     def load(self) -> list[EntryDefinition]:
         """Every source's entries: loaded once per process (a ConfigurationError
@@ -249,7 +252,24 @@ class SourceWatch:
     def _register(self, names: list[str]) -> dict[str, EntryState]:
         if not names:
             return {}
-        return self.ctx.connected_store.register(names, self.ctx.replica_id)
+        states = self.ctx.connected_store.register(names, self.ctx.replica_id)
+        self.registered.add(names, self.ctx.env.monotonic())
+        return states
+
+    def register_again(self) -> None:
+        """After a broken connection: register again the names registered
+        during the failover window. A promoted standby may lack their rows,
+        and the claim refuses every slot of an entry without one, silently,
+        as lost to another replica: an entry added just before a failover was
+        not sent again until a replica restarted (the chaos run, issue 30,
+        seed 7: two of a limited entry's four runs). Idempotent: a row the
+        database has keeps its anchor. (One a failover lost takes a new
+        anchor: that moves the interval grid of a ``beat_schedule`` entry
+        registered in the window, for replicas that start after; stored
+        entries count from their creation.)"""
+        names = list(dict.fromkeys(self.registered.recent()))
+        if names:
+            self.ctx.connected_store.register(names, self.ctx.replica_id)
 
     def written_back(self, confirmed: list[Claim]) -> None:
         """Tell the sources that keep run counts which of their slots were sent."""
