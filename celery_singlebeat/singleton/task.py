@@ -173,7 +173,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         a SingletonTask that is never a duplicate: a busy key's retry (the
         slot's run row was abandoned for it), a start the database could not
         decide, or the body's own ``self.retry()``. So the retry is published
-        again every :data:`REPUBLISH_INTERVAL` for ``singleton_broker_patience``
+        again every ``REPUBLISH_INTERVAL`` (1 s) for ``singleton_broker_patience``
         seconds, its countdown shortened by the wait, and only then dropped as
         Celery drops it (logged at ERROR). The pool slot waits meanwhile (a
         body's lease stays held and renewed); with the broker away the worker
