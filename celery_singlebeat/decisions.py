@@ -75,6 +75,10 @@ BUSY_RAISED: Final = "busy_raised"
 LEASE_LOST: Final = "lease_lost"
 #: another start took the slot's run row from this execution
 RUN_TAKEN: Final = "run_taken"
+#: the broker did not take a retry's message: it is published again (WARNING)
+RETRY_UNPUBLISHED: Final = "retry_unpublished"
+#: ... until ``singleton_broker_patience`` ran out: the message is dropped (ERROR)
+RETRY_DROPPED: Final = "retry_dropped"
 
 #: the fields of a record about one slot (``fence`` only where it is known)
 SLOT_FIELDS: Final = ("decision", "replica", "entry", "slot", "slot_us", "task_id", "fence")

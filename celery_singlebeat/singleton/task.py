@@ -58,6 +58,10 @@ UNAVAILABLE_RETRY_DELAY = 5.0
 #: statements a start tries when each meets a reconnect (ConnectionReplaced):
 #: more in a row means the database is flapping, an outage for the task
 RECONNECTS = 3
+#: How often a retry whose message the broker did not take is published again
+#: (seconds): the broker's return is met within about this, plus the
+#: publish's own retries (``task_publish_retry_policy``).
+REPUBLISH_INTERVAL = 1.0
 
 
 def _is_concrete(cls: type) -> bool:
@@ -96,6 +100,10 @@ class SingletonTask(Task):  # type: ignore[misc]
       RETRY, and FAILURE with :class:`.SingletonBusy` once ``max_retries`` is
       used up) or ``"raise"`` (state FAILURE with :class:`.SingletonBusy`).
     * ``singleton_retry_delay``: seconds before a busy retry (default: the TTL).
+    * ``singleton_broker_patience``: seconds (default 300) for which a retry
+      whose message the broker does not take (it is unreachable) is published
+      again, every second, before the message is dropped as Celery drops it
+      (:meth:`retry`); 0 drops it at the first failure, as a plain task does.
 
     In the body, ``self.singleton`` is the execution's
     :class:`~celery_singlebeat.singleton.context.Singleton` (key, fencing
@@ -106,6 +114,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     singleton_key: ClassVar[KeyOption] = None
     singleton_busy: ClassVar[str] = "skip"
     singleton_retry_delay: ClassVar[float | None] = None
+    singleton_broker_patience: ClassVar[float] = 300.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -121,6 +130,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         ):
             raise ConfigurationError(
                 f"{name}: singleton_retry_delay={delay!r}: expected seconds >= 0 or None"
+            )
+        patience = cls.singleton_broker_patience
+        if not isinstance(patience, (int, float)) or isinstance(patience, bool) or patience < 0:
+            raise ConfigurationError(
+                f"{name}: singleton_broker_patience={patience!r}: expected seconds >= 0"
             )
 
     _singleton_ttl_us: ClassVar[int] = 0
@@ -138,6 +152,109 @@ class SingletonTask(Task):  # type: ignore[misc]
         return super().apply_async(args, kwargs, *rest, **options)
 
     # -- the worker's side --------------------------------------------------
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``retry``, except when the broker does not take the retry.
+
+        A retry is a new message. When publishing it fails (the broker is
+        unreachable), Celery raises ``Reject(requeue=False)``: the message in
+        hand is dropped and, acknowledged when the worker took it (Celery's
+        default), has no copy left at the broker, so the call never runs. For
+        a SingletonTask that is never a duplicate: a busy key's retry (the
+        slot's run row was abandoned for it), a start the database could not
+        decide, or the body's own ``self.retry()``. So the retry is published
+        again every ``REPUBLISH_INTERVAL`` (1 s) for ``singleton_broker_patience``
+        seconds, its countdown shortened by the wait, and only then dropped as
+        Celery drops it (logged at ERROR). The pool slot waits meanwhile (a
+        body's lease stays held and renewed); with the broker away the worker
+        receives no new messages anyway (docs/guarantees.md, "Broker
+        unreachable")."""
+        began = time.monotonic()
+        give_up_at = began + self.singleton_broker_patience
+        attempts = 0
+        while True:
+            attempts += 1
+            # as asked at the first try; then less the time waited for the broker
+            left = countdown
+            if countdown is not None and attempts > 1:
+                left = max(0.0, countdown - (time.monotonic() - began))
+            try:
+                retried = super().retry(args, kwargs, exc, throw, eta, left, max_retries, **options)
+            except Reject as rejected:
+                # Celery's retry raises Reject(<publish error>, requeue=False)
+                # from its except clause: anything else is not a failed publish
+                failure = rejected.reason
+                if rejected.requeue or failure is None or rejected.__context__ is not failure:
+                    raise
+                if time.monotonic() + REPUBLISH_INTERVAL > give_up_at:
+                    self._retry_dropped(failure, attempts, time.monotonic() - began)
+                    raise
+                if attempts == 1:
+                    self._retry_unpublished(failure)
+                time.sleep(REPUBLISH_INTERVAL)
+                continue
+            except Retry:
+                if attempts > 1:
+                    self._retry_published(attempts, time.monotonic() - began)
+                raise
+            if attempts > 1:
+                self._retry_published(attempts, time.monotonic() - began)
+            return retried
+
+    def _retry_log(self) -> tuple[str, str, SlotInfo | None, str]:
+        """Task id, owner, slot and key of the request a retry is for."""
+        request = self.request
+        key = "?"
+        with contextlib.suppress(Exception):  # a log line must not fail the retry
+            key = self.singleton_key_for(request.args, request.kwargs)
+        return str(request.id), runtime_for(self.app).owner, _slot_of(request), key
+
+    def _retry_unpublished(self, failure: object) -> None:
+        task_id, owner, slot, key = self._retry_log()
+        logger.warning(
+            "singlebeat: %s[%s]: the broker did not take the retry (%s); publishing it again "
+            "every %gs for up to %gs rather than dropping the message",
+            self.name,
+            task_id,
+            failure,
+            REPUBLISH_INTERVAL,
+            self.singleton_broker_patience,
+            extra=run_fields(decisions.RETRY_UNPUBLISHED, owner, task_id, key, slot),
+        )
+
+    def _retry_published(self, attempts: int, waited: float) -> None:
+        logger.info(
+            "singlebeat: %s[%s]: the retry was published after %d attempts (%.1fs)",
+            self.name,
+            self.request.id,
+            attempts,
+            waited,
+        )
+
+    def _retry_dropped(self, failure: object, attempts: int, waited: float) -> None:
+        task_id, owner, slot, key = self._retry_log()
+        what = f"slot {slot.entry}@{slot_text(slot.slot_us)}" if slot else "the call"
+        logger.error(
+            "singlebeat: %s[%s]: the broker did not take the retry in %d attempts over "
+            "%.1fs (%s): %s is dropped (Celery rejects the message without requeueing it)",
+            self.name,
+            task_id,
+            attempts,
+            waited,
+            failure,
+            what,
+            extra=run_fields(decisions.RETRY_DROPPED, owner, task_id, key, slot),
+        )
 
     @property
     def singleton(self) -> Singleton:

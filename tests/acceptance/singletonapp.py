@@ -35,6 +35,10 @@ different busy policies, time limits and acks can contend for one key:
   differ in their options only (busy policy, retries, acks_late, time limit)
 * ``retry_once`` calls ``self.retry()`` once; ``soft_limited`` records the soft
   time limit it hits
+* ``gated_retry`` (busy policy retry) waits, before it looks at its key, until
+  the file its ``enter`` argument names exists, and before it returns until
+  ``leave`` exists: a test decides when a start meets a busy key, and when the
+  holder lets it go (a broker cut off in between, say)
 
 Task ``beatapp.probe`` (default key: its name) has the name the beat replicas
 of ``beatapp`` send by, so a worker of this app executes what those beats send
@@ -223,6 +227,52 @@ def retry_once(self: Any, countdown: float, tag: str = "", *, key: str | None = 
     if self.request.retries == 0:
         record("retrying", self, tag=tag)
         raise self.retry(countdown=countdown)
+    record("end", self, tag=tag, lost=self.singleton.lost)
+    return tag
+
+
+def _wait_for_file(path: str, what: str) -> None:
+    """Until ``path`` exists (a test creates it); a minute at most."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {path} never appeared")
+        time.sleep(0.02)
+
+
+def _gated_key(args: Any, kwargs: Any) -> str:
+    # the key function runs at the start of an execution, before the key is
+    # looked at: a start held here meets the key as it is once the gate opens
+    enter = kwargs.get("enter")
+    if enter and not os.path.exists(enter):
+        with open(f"{enter}.waiting", "w"):
+            pass
+        _wait_for_file(enter, "gated_retry's enter gate")
+    return str(kwargs.get("key") or "singletonapp.gated_retry")
+
+
+@app.task(
+    bind=True,
+    base=SingletonTask,
+    singleton_ttl=TTL,
+    singleton_key=_gated_key,
+    singleton_busy="retry",
+    singleton_retry_delay=0.2,
+    max_retries=500,
+    name="singletonapp.gated_retry",
+)
+def gated_retry(
+    self: Any,
+    tag: str = "",
+    *,
+    key: str | None = None,
+    enter: str | None = None,
+    leave: str | None = None,
+) -> str:
+    """Busy policy retry, its start held at ``enter`` and its end at ``leave``."""
+    record("start", self, tag=tag)
+    if leave:
+        _wait_for_file(leave, "gated_retry's leave gate")
     record("end", self, tag=tag, lost=self.singleton.lost)
     return tag
 

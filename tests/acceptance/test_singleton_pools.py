@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from celery.result import AsyncResult
@@ -37,12 +38,14 @@ from harness import (
     overlaps,
     pid_gone,
     read_records,
+    run_rows,
     wait_for,
     wait_ready,
 )
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat import SingletonBusy
+from celery_singlebeat.slots import slot_header, slot_task_id
 
 #: singleton_ttl of the worker app's tasks (SB_TTL)
 TTL = 3.0
@@ -460,3 +463,90 @@ def test_unreachable_database_at_the_start_retries_then_runs_once(
     assert UNAVAILABLE_DELAY - 0.001 <= waited <= UNAVAILABLE_DELAY + RETRY_SLACK, waited
     assert setup.events(result.id, "end"), setup.records()
     print(f"retry ran {waited:.2f}s after the WARNING")
+
+
+# -- the broker unreachable when a busy start retries --------------------------------
+
+#: Celery's line for a message rejected without requeueing (log_policy_reject)
+REJECTED_LINE = re.compile(r"Task \S+\[(?P<id>[0-9a-f-]{36})\] reject requeue=False")
+#: SingletonTask's WARNING when the broker did not take a retry (task.py, retry)
+UNPUBLISHED_LINE = re.compile(
+    r"singlebeat: \S+\[(?P<id>[0-9a-f-]{36})\]: the broker did not take the retry"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_busy_slots_retry_outlives_a_broker_outage(setup: Setup, redis_url: str) -> None:
+    """guarantees.md, *Broker unreachable*: a slot whose key is busy retries;
+    with the broker cut off at that moment, Celery's ``retry`` cannot publish
+    the retry and raises ``Reject(requeue=False)``. The message was acked when
+    the worker took it, and the slot's run row was abandoned for the retry:
+    the slot would never run (the chaos run saw a worker log this once). The
+    worker publishes the retry again until the broker is back, and the slot
+    runs once, after its holder.
+
+    Deterministic: the contender's start waits at a gate (its key function)
+    while the holder runs; the broker is cut, then the gate opened; the
+    holder is let go only once the worker has met the failed publish."""
+    address = urlsplit(redis_url)
+    proxy = setup.rig.proxy((address.hostname or "127.0.0.1", address.port or 6379))
+    broker = address._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    worker = setup.rig.start_worker({**setup.env, "SB_BROKER": broker}, "w-proxied")
+    wait_ready(worker)
+    enter, leave = setup.rig.workdir / "enter", setup.rig.workdir / "leave"
+    # the entry named after the test's queue: slot task ids are derived from
+    # the slot, and the result backend outlives the test
+    key, entry, first_us = "gated", f"gated-{setup.queue}", 1_800_000_000 * US
+    results = {}
+    for tag, slot_us, gate in (
+        ("holder", first_us, {"leave": str(leave)}),
+        ("contender", first_us + US, {"enter": str(enter)}),
+    ):
+        task_id = setup.sender.send(
+            setup.queue,
+            "singletonapp.gated_retry",
+            tag,
+            kwargs={"key": key, **gate},
+            task_id=slot_task_id(entry, slot_us),
+            headers={"singlebeat_slot": slot_header(entry, slot_us)},
+        )
+        results[tag] = setup.sender.app.AsyncResult(task_id)
+    holder, contender = results["holder"], results["contender"]
+    setup.first(holder.id, "start", 30)
+    waiting = Path(f"{enter}.waiting")
+    wait_for(waiting.exists, 30, "the contender at its gate", interval=0.02)
+
+    proxy.cut()
+    enter.touch()  # the contender finds the key busy, and retries
+    log = worker.log
+
+    def met() -> list[str]:
+        text = log()
+        return [
+            m["id"]
+            for pattern in (UNPUBLISHED_LINE, REJECTED_LINE)
+            for m in pattern.finditer(text)
+            if m["id"] == contender.id
+        ]
+
+    wait_for(met, 30, "the contender's retry to meet the broker outage", interval=0.05)
+    rejected = [m for m in REJECTED_LINE.finditer(log()) if m["id"] == contender.id]
+    assert not rejected, f"the retry's message was dropped:\n{log()[-4000:]}"
+    proxy.restore()
+    leave.touch()
+
+    assert setup.done(holder, 30).result == "holder", log()[-4000:]
+    assert setup.done(contender, 90).state == "SUCCESS", log()[-4000:]
+    assert contender.result == "contender"
+    runs = executions(setup.records(), key=key)
+    assert [e.tag for e in runs] == ["holder", "contender"], runs
+    _no_overlap(runs)
+    assert not [m for m in REJECTED_LINE.finditer(log()) if m["id"] == contender.id]
+    assert [m for m in UNPUBLISHED_LINE.finditer(log()) if m["id"] == contender.id]
+    # it ran on a retry, once the holder had let the key go
+    assert [s["retries"] >= 1 for s in setup.events(contender.id, "start")] == [True]
+    rows = run_rows(setup.db)
+    assert rows[(entry, first_us + US)].outcome == "success", rows
+    assert rows[(entry, first_us)].outcome == "success", rows

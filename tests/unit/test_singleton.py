@@ -15,11 +15,13 @@ import weakref
 from collections.abc import Iterator
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import celery
 import pytest
 from celery import Celery
+from celery.exceptions import Reject, Retry
+from kombu.exceptions import OperationalError
 
 from celery_singlebeat import (
     ConfigurationError,
@@ -40,7 +42,7 @@ from celery_singlebeat.singleton.runtime import (
     runtime_for,
     set_store,
 )
-from celery_singlebeat.singleton.task import _check_settings_at_start
+from celery_singlebeat.singleton.task import REPUBLISH_INTERVAL, _check_settings_at_start
 from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
 from celery_singlebeat.store.base import Busy, Lease, Run, RunStatus, SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryStore
@@ -156,6 +158,8 @@ def test_an_intermediate_base_class_needs_no_ttl_until_it_has_a_body() -> None:
         ("singleton_key", "kwargs", "singleton_key='kwargs'"),
         ("singleton_busy", "wait", "singleton_busy='wait'"),
         ("singleton_retry_delay", -1, "singleton_retry_delay=-1"),
+        ("singleton_broker_patience", -1, "singleton_broker_patience=-1"),
+        ("singleton_broker_patience", "5", "singleton_broker_patience='5'"),
     ],
 )
 def test_bad_options_fail_when_the_task_is_defined(
@@ -333,6 +337,104 @@ def test_busy_retry_runs_once_the_key_is_free(app: Celery, store: MemoryStore) -
 
     store.acquire_lease = release_on_second_try  # type: ignore[method-assign]
     assert retrying.apply().get() == 1
+
+
+class BrokerDown(SingletonTask):  # type: ignore[misc]
+    """A SingletonTask whose first ``failures`` publishes fail as kombu's do when
+    the broker refuses the connection; ``published`` holds each try's countdown.
+    (No body: a base for the tests' tasks.)"""
+
+    failures = 0
+    published: ClassVar[list[Any]] = []
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        self.published.append(options.get("countdown"))
+        if len(self.published) <= self.failures:
+            raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        return super().apply_async(args, kwargs, *rest, **options)
+
+
+def busy_in_a_worker(app: Celery, store: MemoryStore, failures: int, **options: Any) -> Any:
+    """A call of a busy-retry task (delay 30 s) as a worker makes it, not
+    eagerly: its retry is a message published through ``BrokerDown``."""
+
+    class Flaky(BrokerDown):  # type: ignore[misc]
+        published: ClassVar[list[Any]] = []
+
+    Flaky.failures = failures
+
+    @app.task(
+        shared=False,
+        base=Flaky,
+        bind=True,
+        name="proj.flaky",
+        singleton_ttl=10,
+        singleton_busy="retry",
+        singleton_retry_delay=30,
+        **options,
+    )
+    def flaky(self: Any) -> None:
+        raise AssertionError("ran while its key was held")
+
+    store.acquire_lease("proj.flaky", "host:1:abc", 60_000_000)
+    flaky.push_request(
+        id="t-flaky", args=(), kwargs={}, retries=0, called_directly=False, is_eager=False
+    )
+    return flaky
+
+
+def test_a_retry_the_broker_refuses_is_published_again_not_dropped(
+    app: Celery, store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's retry turns a failed publish into Reject(requeue=False), which
+    drops the message (acked when the worker took it). SingletonTask publishes
+    the retry again a second later, its countdown shortened by the wait."""
+    caplog.set_level("INFO", "celery_singlebeat.singleton")
+    flaky = busy_in_a_worker(app, store, failures=1)
+    try:
+        with pytest.raises(Retry):
+            flaky()
+    finally:
+        flaky.pop_request()
+    first, second = flaky.published
+    assert first == 30 and 30 - REPUBLISH_INTERVAL - 0.5 < second <= 30 - REPUBLISH_INTERVAL
+    [warned] = [r for r in caplog.records if getattr(r, "decision", None) == "retry_unpublished"]
+    assert warned.levelname == "WARNING" and "Connection refused" in warned.getMessage()
+    assert "the retry was published after 2 attempts" in caplog.text
+    assert not [r for r in caplog.records if getattr(r, "decision", None) == "retry_dropped"]
+
+
+def test_a_retry_the_broker_refuses_past_the_patience_is_dropped_as_celery_drops_it(
+    app: Celery, store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``singleton_broker_patience=0``: Celery's Reject(requeue=False) at the
+    first failure, logged at ERROR as a dropped call."""
+    flaky = busy_in_a_worker(app, store, failures=5, singleton_broker_patience=0)
+    try:
+        with pytest.raises(Reject) as rejected:
+            flaky()
+    finally:
+        flaky.pop_request()
+    assert rejected.value.requeue is False
+    assert isinstance(rejected.value.reason, OperationalError)
+    assert len(flaky.published) == 1
+    [dropped] = [r for r in caplog.records if getattr(r, "decision", None) == "retry_dropped"]
+    assert dropped.levelname == "ERROR"
+    assert "the call is dropped" in dropped.getMessage()
+
+
+def test_a_reject_that_is_no_failed_publish_is_not_retried(app: Celery, store: MemoryStore) -> None:
+    """A Reject the caller passes as ``exc`` and Celery raises (retries used
+    up) goes through at once: only a failed publish is tried again."""
+    flaky = busy_in_a_worker(app, store, failures=0, max_retries=0)
+    flaky.request.retries = 1
+    mine = Reject("mine", requeue=False)
+    try:
+        with pytest.raises(Reject) as raised:
+            flaky.retry(exc=mine, countdown=1)
+    finally:
+        flaky.pop_request()
+    assert raised.value is mine and flaky.published == []
 
 
 @eager_exceptions
