@@ -87,11 +87,20 @@ class ChangeKind(Enum):
 
 
 class Change(NamedTuple):
-    """One change a source reports: ``definition`` is None for a removal."""
+    """One change a source reports: ``definition`` is None for a removal.
+
+    ``found_again``: not a new commit but a definition the source had read
+    past and finds in force again (a failover to a standby that lacked the
+    writes after it put it back). It was not in force while those writes
+    were, so its slots count from the tick that sees it, never from further
+    back (a new commit read late counts from its commit, within
+    ``CHANGE_REACH_US``).
+    """
 
     kind: ChangeKind
     name: str
     definition: EntryDefinition | None
+    found_again: bool = False
 
 
 class EntrySource(ABC):

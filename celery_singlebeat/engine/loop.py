@@ -304,7 +304,7 @@ class Engine:
         # last changes of the sources kept in the database (and reuse their
         # revision numbers): register those again, read these again
         self.watch.register_again()
-        self.watch.reconnected(self.hold.tick_us)
+        self.watch.reconnected()
         self.hold.begin(self.sending.unconfirmed, seen)
 
     def _sleep(self) -> float:

@@ -69,9 +69,6 @@ class SourceWatch:
         #: changed definitions held back to the end of the tick
         #: (apply_deferred), each with the definition it replaces
         self._deferred: dict[str, tuple[EntryDefinition, EntryState, EntryDefinition]] = {}
-        #: after a reconnection, until the next poll: no slot of what it
-        #: brings counts from before the break (reconnected)
-        self._not_before_us: int | None = None
         #: the names registered during the failover window (register_again)
         self.registered: Journal[str] = Journal(ctx.settings.failover_window.total_seconds())
 
@@ -115,25 +112,17 @@ class SourceWatch:
         """The labels of the sources whose entries no catalog lists."""
         return frozenset(s.label for s in self.sources if not s.catalogued)
 
-    def reconnected(self, now_us: int | None = None) -> None:
+    def reconnected(self) -> None:
         """The connection was made again (perhaps to another database): each
-        source says where its next poll goes on from.
-
-        What that poll brings is the database as this replica finds it now.
-        A definition a failover put back (the promoted standby lacked the
-        writes that replaced it) was not the one in force before the break,
-        when the old primary answered with the lost writes; when the break
-        came is not known, only that it was before this reconnect. So what
-        the next poll brings counts from ``now_us`` (this tick's start, on the
-        database's clock), never from further back: otherwise the reach back
-        for a change read late (``CHANGE_REACH_US``) sent, after the failover,
-        a slot of the put-back definition due while the old primary had it
-        deleted (the chaos run's seed 8, issue 30). What fell due between the
-        break and now is the missed-run policy's, as in any outage."""
+        source says where its next poll goes on from. What it brings may
+        include definitions a failover put back (``Change.found_again``):
+        their slots count from that tick, never from further back; otherwise
+        the reach back for a change read late (``CHANGE_REACH_US``) sent,
+        after the failover, a slot of the put-back definition due while the
+        old primary had it deleted (the chaos run's seed 8, issue 30)."""
         self._cursors = [
             source.reconnected(cursor) for source, cursor in zip(self.sources, self._cursors)
         ]
-        self._not_before_us = now_us
 
     def poll(self, now_us: int) -> set[str]:
         """Apply what changed in every source since the last poll; the names
@@ -147,7 +136,6 @@ class SourceWatch:
                     names = self._apply(source, changes, now_us)
                     if source.catalogued:
                         touched |= names
-        self._not_before_us = None
         return touched
 
     def _apply(self, source: EntrySource, changes: Sequence[Change], now_us: int) -> set[str]:
@@ -156,6 +144,8 @@ class SourceWatch:
         # the last change of each name wins: an entry added and removed since
         # the last poll is removed, one removed and added again is changed
         final: dict[str, EntryDefinition | None] = {}
+        #: the names whose definition a failover put back (Change.found_again)
+        again: set[str] = set()
         for change in changes:
             name = change.name
             known = agenda.definitions.get(name)
@@ -173,6 +163,10 @@ class SourceWatch:
                 final[name] = None
                 continue
             definition = self._stamped(definition, source)
+            if change.found_again:
+                again.add(name)
+            else:
+                again.discard(name)
             if not source.definitions_checked:
                 try:
                     check_definition(definition, agenda.tz_of(definition), now_us)
@@ -196,15 +190,15 @@ class SourceWatch:
             self._deferred.pop(name, None)
             agenda.remove(name)
         states = self._register([d.name for d in added + changed])
-        floor = self._not_before_us
         for definition in added:
+            floor = now_us if definition.name in again else None
             agenda.track(definition, states[definition.name], now_us, floor)
         for definition in changed:
-            if floor is not None:
-                # found again after a break: the definition it replaces may be
-                # a lost one, whose due slot is not owed (reconnected)
+            if definition.name in again:
+                # put back by a failover: the definition it replaces was a
+                # lost one, whose due slot is not owed (reconnected)
                 self._deferred.pop(definition.name, None)
-                agenda.change(definition, states[definition.name], now_us, floor)
+                agenda.change(definition, states[definition.name], now_us, now_us)
             elif self._due_before(definition, now_us):
                 # the old definition has a slot due now from before the
                 # change's commit: its own, to claim and send this tick under

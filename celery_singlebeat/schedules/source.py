@@ -77,7 +77,8 @@ class StoredSource(EntrySource):
                 "stored entries again (a promoted standby may lack the last changes)",
                 len(rows),
             )
-            return self._difference(rows), revision
+            before = cursor.before
+            return self._difference(rows, before if isinstance(before, int) else 0), revision
         after = cursor if isinstance(cursor, int) else 0
         latest = store.schedule_revision
         if latest is not None and latest < after:
@@ -94,7 +95,7 @@ class StoredSource(EntrySource):
                 latest,
                 len(rows),
             )
-            return self._difference(rows), revision
+            return self._difference(rows, after), revision
         if latest is None or latest <= after:
             return (), after
         feed = store.schedule_feed(after)
@@ -107,7 +108,7 @@ class StoredSource(EntrySource):
             after,
             len(rows),
         )
-        return self._difference(rows), revision
+        return self._difference(rows, 0), revision
 
     def reconnected(self, cursor: object) -> object:
         """Read everything again: after a failover the revisions go on from
@@ -117,22 +118,25 @@ class StoredSource(EntrySource):
         entries as this database has them, and its revision as the cursor."""
         return _Reread(cursor)
 
-    def _difference(self, rows: Sequence[ScheduleRow]) -> list[Change]:
-        """Every row as a change, and the removal of the names gone since."""
-        changes = [self._change(row) for row in rows]
+    def _difference(self, rows: Sequence[ScheduleRow], read_up_to: int) -> list[Change]:
+        """Every row as a change, and the removal of the names gone since.
+        A row at or below ``read_up_to`` (the cursor before this read) is
+        one this replica had read past: if it differs from what the replica
+        follows, a failover put it back (``Change.found_again``)."""
+        changes = [self._change(row, row.revision <= read_up_to) for row in rows]
         gone = self._present - {row.name for row in rows}
         changes.extend(Change(ChangeKind.REMOVED, name, None) for name in sorted(gone))
         self._present -= gone
         return changes
 
-    def _change(self, row: ScheduleRow) -> Change:
+    def _change(self, row: ScheduleRow, found_again: bool = False) -> Change:
         definition = None if row.deleted or not row.enabled else self._definition(row)
         if definition is None:
             self._present.discard(row.name)
             return Change(ChangeKind.REMOVED, row.name, None)
         self._present.add(row.name)
         # CHANGED of a name the engine does not have is taken as ADDED
-        return Change(ChangeKind.CHANGED, row.name, definition)
+        return Change(ChangeKind.CHANGED, row.name, definition, found_again)
 
     def _definition(self, row: ScheduleRow) -> EntryDefinition | None:
         try:
