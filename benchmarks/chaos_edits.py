@@ -362,8 +362,6 @@ class Segment:
     start_us: int
     end_us: int
     version: Version
-    #: in force again because a failover lost the writes after it
-    reverted: bool = False
 
 
 @dataclass
@@ -563,7 +561,7 @@ def timelines(
             if segments:
                 segments[-1].end_us = at
             if new is not None:
-                segments.append(Segment(at, 2**62, new, reverted=action == "revert"))
+                segments.append(Segment(at, 2**62, new))
         out[name] = segments
     return out, set(kept)
 
@@ -676,13 +674,15 @@ def judge(
         # then has the new definition, which sends nothing at or before its
         # commit; counted apart, not as lost (docs/guarantees.md, "Stored
         # schedules")
-        # (Not a version a failover put back: the replicas that had read the
-        # lost write may never have known it was in force again.)
+        # A version a failover put back too: every replica reads it again at
+        # its reconnect (Change.found_again) and holds its fallbacks as for
+        # any version, so the same hold drops its slots with it (seed 8 at
+        # ee04e59: three such slots, the first replica of each entry paused
+        # or killed across the failover).
         seg = ends[slot]
         end = seg.end_us
         if (
-            not seg.reverted
-            and end - slot[1] < hold_us
+            end - slot[1] < hold_us
             and end < 2**62
             and held(slot[1] - US, end + EFFECT_US)
         ):
