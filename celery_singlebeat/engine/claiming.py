@@ -217,21 +217,27 @@ class Claiming:
         """The slots to propose again after a break (Hold.recovery) that this
         claim does not propose already, of entries this replica has (one it
         no longer has is left to a replica that does, as any such slot) and
-        of the definition it has: a slot at or before that definition's
-        commit (``since_us``) was an earlier one's, and none is sent under a
-        definition that came after it (sources.py; the chaos run sent two so
-        before this check). Added to ``keys``."""
+        of the definition it has: an instant of its slot sequence, after its
+        commit (``since_us``). A slot of an earlier definition (another grid,
+        or before the commit) is not sent under a later one (sources.py); the
+        claim may also have refused it for being of a replaced definition,
+        with no row at all. The chaos run sent such slots under the later
+        definition before this check (seeds 2 and 7). Added to ``keys``."""
         if not self.hold.recover:
             return []
         definitions = self.agenda.definitions
+        tracked = self.agenda.tracked
         proposed = set(keys)
         recovering = []
         for key in self.hold.recovery(self.ctx.env.monotonic(), FALLBACK_BATCH):
             definition = definitions.get(key.entry)
-            if definition is None or key in proposed:
+            entry = tracked.get(key.entry)
+            if definition is None or entry is None or key in proposed:
                 continue
             since = definition.since_us
-            if since is None or key.slot_us > since:
+            if since is not None and key.slot_us <= since:
+                continue
+            if entry.sequence.next_after(key.slot_us - 1) == key.slot_us:
                 recovering.append(key)
         keys.extend(recovering)
         return recovering

@@ -314,6 +314,36 @@ def test_a_definition_a_failover_put_back_sends_nothing_of_the_time_it_was_repla
     assert [at for at in sent if at > failed_over + 3 * US], sorted(sent)
 
 
+def test_a_slot_proposed_again_is_one_of_the_grid_of_the_definition_in_force(
+    harness_for: Callable[..., Harness],  # noqa: F811
+) -> None:
+    """The slots a replica proposes again after a break (Hold.recover) are
+    the ones it saw another replica win, or that the claim refused for being
+    of a replaced definition (no row at all): one off the grid of the
+    definition in force now is not sent under it (the chaos run's seed 2 at
+    3656887 sent ed-3 at a 1 s instant under its new every-2-s definition)."""
+    harness = harness_for({})
+    simulate(harness, 9)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store, by="test")
+    run = Run(harness, replicas=2)
+    try:
+        entry = schedules.upsert("a", TASK, timedelta(seconds=2), args=[1])
+        run.run_until(harness.clock() + 5 * US)
+        created = _us(entry.created)
+        now = harness.clock()
+        on_grid = created + ((now - created) // (2 * US)) * 2 * US
+        off_grid = on_grid - US  # an instant of an every-second grid
+        for replica in run.replicas:
+            replica.engine.hold.recover = [SlotKey("a", off_grid), SlotKey("a", on_grid)]
+        run.run_until(harness.clock() + 3 * US)
+    finally:
+        published = run.published()
+    sent = Counter(at for e, at, _ in published if e == "a")
+    assert off_grid not in sent, "a slot off the grid of the definition in force was sent"
+    assert sent[on_grid] == 1, "the slot on the grid, sent already, was sent again"
+
+
 def test_an_entry_created_just_before_an_outage_catches_up_within_the_grace(
     harness_for: Callable[..., Harness],  # noqa: F811
 ) -> None:
