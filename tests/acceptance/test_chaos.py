@@ -454,3 +454,45 @@ def test_a_write_a_failover_lost_is_in_force_until_the_cut() -> None:
     # v1 for the slot at 13, when the old primary had v2 for 3 s
     assert len(verdict(good | {13: 1})) == 1
 
+
+
+def test_a_slot_held_by_a_fault_until_its_entry_was_deleted_is_dropped_with_it() -> None:
+    """Seed 6 of issue 30: a replica paused right after claiming ed-0's slot
+    at t0+5; the entry was deleted 30 s later, before any takeover, and a
+    claim not yet published is not sent once its entry is gone. With a
+    fault in force at the slot it is dropped with its version; without one
+    (nothing held its claim) it is lost."""
+    from datetime import timedelta
+
+    from chaos_edits import EDITOR, TASK, Attempt, judge
+
+    from celery_singlebeat import stored_entry
+    from celery_singlebeat.store.values import ScheduleLogRow
+
+    us = chaos.US
+    t0 = 1_800_000_000 * us
+    v1 = stored_entry("ed-0", TASK, timedelta(seconds=1), args=[4000], kwargs={"v": 1})
+    history = [
+        ScheduleLogRow(1, "ed-0", "created", EDITOR, "chaos v1 create", t0, "{}"),
+        ScheduleLogRow(2, "ed-0", "deleted", EDITOR, "chaos v2 delete", t0 + 35 * us, "{}"),
+    ]
+    attempts = [Attempt(1, "ed-0", "create", t0, v1), Attempt(2, "ed-0", "delete", t0, None)]
+    records = [
+        {"event": "start", "task": TASK, "task_id": str(k), "pid": 1, "token": k,
+         "slot": ["ed-0", t0 + k * us], "at": 0.0, "v": 1}
+        for k in range(1, 35) if k != 5
+    ]  # fmt: skip
+
+    def verdict(fault_at: int | None) -> tuple[int, int]:
+        report = judge(
+            attempts, history, records, [], [], t0 + 40 * us, t0,
+            lambda s: False, lambda s: set(),
+            lambda lo, hi: fault_at is not None and lo <= fault_at <= hi,
+            9 * us,
+        )  # fmt: skip
+        return report.lost, report.dropped_with_version
+
+    assert verdict(t0 + 5 * us + 50_000) == (0, 1)
+    assert verdict(None) == (1, 0)
+    # a fault long after the slot held nothing of it
+    assert verdict(t0 + 30 * us) == (1, 0)
