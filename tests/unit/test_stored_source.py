@@ -64,6 +64,19 @@ class Run:
             clock.advance(timedelta(microseconds=max(nxt - clock(), 1)))
 
 
+def _stored(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    seed: int,
+    replicas: int,
+) -> tuple[Harness, Schedules, Run]:
+    """A harness on simulated time with the stored schedules' tables, the
+    API over its store, and ``replicas`` replicas."""
+    harness = harness_for({})
+    simulate(harness, seed)
+    harness.store.prepare(True)
+    return harness, Schedules(store=harness.store, by="test"), Run(harness, replicas=replicas)
+
+
 def _v(argsrepr: str) -> int:
     """The version a message was sent under: its one positional argument."""
     digits = "".join(c for c in argsrepr if c.isdigit())
@@ -237,11 +250,7 @@ def test_after_a_failover_that_lost_edits_the_replicas_follow_the_database_they_
     after its commit; nothing of the lost v2 after the hold, nothing twice.
     ``pooled``: a pooler moved the connections, the replicas saw no break;
     the revision that went back tells them instead (issue 30)."""
-    harness = harness_for({})
-    simulate(harness, 3)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 3, 2)
     try:
         v1 = schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
         run.run_until(harness.clock() + 3 * US)
@@ -287,11 +296,7 @@ def test_a_definition_a_failover_put_back_sends_nothing_of_the_time_it_was_repla
     follow it from then on, as the database has it; the slots due while the
     old primary had it deleted are none of its slots to send now (the reach
     back for a change read late sent the last two seconds' worth of them)."""
-    harness = harness_for({})
-    simulate(harness, 4)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 4, 2)
     try:
         schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
         run.run_until(harness.clock() + 3 * US)
@@ -322,11 +327,7 @@ def test_a_slot_proposed_again_is_one_of_the_grid_of_the_definition_in_force(
     of a replaced definition (no row at all): one off the grid of the
     definition in force now is not sent under it (the chaos run's seed 2 at
     3656887 sent ed-3 at a 1 s instant under its new every-2-s definition)."""
-    harness = harness_for({})
-    simulate(harness, 9)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 9, 2)
     try:
         entry = schedules.upsert("a", TASK, timedelta(seconds=2), args=[1])
         run.run_until(harness.clock() + 5 * US)
@@ -352,11 +353,7 @@ def test_an_entry_created_just_before_an_outage_catches_up_within_the_grace(
     and it is a new commit, not one a failover put back, so its slots due
     within the grace before the reconnect are sent (the missed-run policy's),
     not dropped (the chaos run's seed 8 at ee04e59 lost 3 so)."""
-    harness = harness_for({})
-    simulate(harness, 8)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 8, 2)
     try:
         run.run_until(harness.clock() + 2 * US)
         schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
@@ -380,11 +377,7 @@ def test_an_entry_whose_registration_a_failover_lost_is_registered_again(
     and the claim refuses every slot of an unregistered entry as if another
     replica had won it: nothing was sent until a replica restarted. Each
     replica registers again what it registered during the failover window."""
-    harness = harness_for({})
-    simulate(harness, 6)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 6, 2)
     try:
         run.run_until(harness.clock() + 2 * US)
         created = schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
@@ -410,11 +403,7 @@ def test_a_slot_proposed_again_after_a_failover_is_not_sent_under_a_later_defini
     slot was the earlier definition's and is not sent under the new one
     (the chaos run sent two so, as slots of a definition committed after
     them)."""
-    harness = harness_for({})
-    simulate(harness, 7)
-    harness.store.prepare(True)
-    schedules = Schedules(store=harness.store, by="test")
-    run = Run(harness, replicas=2)
+    harness, schedules, run = _stored(harness_for, 7, 2)
     try:
         schedules.upsert("a", TASK, timedelta(seconds=1), args=[1])
         run.run_until(harness.clock() + 3 * US)
