@@ -18,7 +18,7 @@ from test_scheduler import TASK, Harness, every, harness_for, monotonic_shift  #
 from celery_singlebeat import Schedules
 from celery_singlebeat.clock import US
 from celery_singlebeat.engine.controls import PROBE_EVERY_S, PROBE_WAIT_S
-from celery_singlebeat.engine.feed import BACKSTOP_S, READ_EVERY_S
+from celery_singlebeat.engine.feed import BACKSTOP_S, READ_EVERY_S, Feed
 from celery_singlebeat.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.slots import slot_task_id
 from celery_singlebeat.store.base import PAUSE_ALL, ControlListener
@@ -347,6 +347,23 @@ def just_after_a_read(replica: MemoryScheduler, shift: list[float]) -> None:
         tick_for(replica, shift, 0.01, 0.01)
 
 
+
+def _proven_listener(
+    harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> tuple[Harness, list[float], MemoryScheduler, FakeListener, Feed, Schedules]:
+    """One listening replica whose channel proved itself (its probe came
+    back), an hourly entry, and the API over its store."""
+    caplog.set_level(logging.INFO, logger="celery_singlebeat")
+    harness = harness_for({"rare": every(3600)})
+    shift = monotonic_shift(harness)
+    listeners: list[FakeListener] = []
+    replica = listening_replica(harness, listeners, [True])
+    replica.tick()
+    (listener,) = listeners
+    schedules = Schedules(store=harness.store, by="test")
+    tick_for(replica, shift, PROBE_WAIT_S, 0.25)
+    return harness, shift, replica, listener, replica.engine.feed, schedules
+
 def test_a_listener_deaf_to_changes_is_found_out_and_the_feed_read_every_period(
     harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -355,16 +372,7 @@ def test_a_listener_deaf_to_changes_is_found_out_and_the_feed_read_every_period(
     heard makes the replica read every READ_EVERY_S, saying so once, and every
     later edit takes effect within READ_EVERY_S. A notification heard again
     brings the backstop back, said once too."""
-    caplog.set_level(logging.INFO, logger="celery_singlebeat")
-    harness = harness_for({"rare": every(3600)})
-    shift = monotonic_shift(harness)
-    listeners: list[FakeListener] = []
-    replica = listening_replica(harness, listeners, [True])
-    replica.tick()
-    (deafish,) = listeners
-    feed = replica.engine.feed
-    schedules = Schedules(store=harness.store, by="test")
-    tick_for(replica, shift, PROBE_WAIT_S, 0.25)
+    _, shift, replica, deafish, feed, schedules = _proven_listener(harness_for, caplog)
     assert feed.every() == BACKSTOP_S and replica.engine.controls.listener is deafish
 
     just_after_a_read(replica, shift)
@@ -400,16 +408,7 @@ def test_a_listener_that_hears_each_change_keeps_the_backstop_at_no_extra_statem
     that found it (its notification was still on the way): never judged deaf,
     and idle the replica sends what it sent before (the sweeps' heartbeats,
     which count as the backstop read)."""
-    caplog.set_level(logging.INFO, logger="celery_singlebeat")
-    harness = harness_for({"rare": every(3600)})
-    shift = monotonic_shift(harness)
-    listeners: list[FakeListener] = []
-    replica = listening_replica(harness, listeners, [True])
-    replica.tick()
-    (good,) = listeners
-    feed = replica.engine.feed
-    schedules = Schedules(store=harness.store, by="test")
-    tick_for(replica, shift, PROBE_WAIT_S, 0.25)
+    harness, shift, replica, good, feed, schedules = _proven_listener(harness_for, caplog)
     for n in range(3):
         schedules.upsert(f"edit-{n}", TASK, timedelta(hours=1))
         good.changes = 1
