@@ -10,7 +10,7 @@ else, then uses what the extra is for, against the real services:
 * ``redis``: kombu's Redis transport loads and a connection to Redis answers;
 * ``postgres``: a psycopg 3 engine connects to PostgreSQL;
 * ``mysql``: a PyMySQL engine connects to MariaDB/MySQL;
-* ``metrics``: ``celery_singlebeat.metrics`` imports and renders its series;
+* ``metrics``: ``celery_singlebeat.observe.metrics`` imports and renders its series;
 * ``django``: ``django://default`` resolves once Django's settings are set up;
   also on Python 3.9 where this machine has it (Django 4.2, the oldest listed).
 
@@ -73,7 +73,7 @@ print("connected through", transport)
     "mysql": SELECT_ONE.replace("{url!r}", "{mysql!r}"),
     "metrics": """
 from prometheus_client import CollectorRegistry
-from celery_singlebeat.metrics import Metrics, metric_names
+from celery_singlebeat.observe.metrics import Metrics, metric_names
 registry = CollectorRegistry()
 Metrics(registry)
 names = metric_names(registry)

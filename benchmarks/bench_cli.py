@@ -63,7 +63,7 @@ def _specs() -> list[tuple[str, str]]:
 
     from celery.schedules import crontab
 
-    from celery_singlebeat.catalog import describe
+    from celery_singlebeat.engine.catalog import describe
 
     out = []
     for seconds in INTERVALS_S:
@@ -79,7 +79,7 @@ def fill(url: str, prefix: str, entries: int) -> dict[str, Any]:
     """Create the tables and write a fleet's rows; returns what was written."""
     from sqlalchemy.engine import make_url
 
-    from celery_singlebeat.catalog import sequence_of
+    from celery_singlebeat.engine.catalog import sequence_of
     from celery_singlebeat.store.base import CatalogEntry
     from celery_singlebeat.store.sql import SqlStore
 

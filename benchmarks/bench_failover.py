@@ -102,7 +102,7 @@ from harness import (  # noqa: E402
     wait_ready,
 )
 
-from celery_singlebeat.slots import slot_task_id  # noqa: E402
+from celery_singlebeat.timeline.slots import slot_task_id  # noqa: E402
 
 US = 1_000_000
 TASK = "singletonapp.slot_probe"

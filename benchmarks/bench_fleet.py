@@ -141,7 +141,7 @@ def measure_rates(
 def measure_probe_cpu(runs: int) -> dict[str, Any] | None:
     """CPU of ``python -m celery_singlebeat health --status-file F`` (this tree)."""
     try:
-        from celery_singlebeat import health  # noqa: F401
+        from celery_singlebeat.observe import health  # noqa: F401
     except ImportError:
         return None
     status = Path(tempfile.mkdtemp(prefix="bench-probe-")) / "status"
@@ -176,7 +176,7 @@ def measure_probe_cpu(runs: int) -> dict[str, Any] | None:
 #: a live, ready replica's status file, as its loop writes it
 HEALTH_WRITE = """
 import time
-from celery_singlebeat import health
+from celery_singlebeat.observe import health
 replica = health.Health(60.0, 17.0, {path!r})
 replica.schema_ready()
 replica.round_trip(0.001, True)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_scheduler import table  # noqa: E402
 
-from celery_singlebeat import sharing  # noqa: E402
+from celery_singlebeat.engine import sharing  # noqa: E402
 
 Deal = Callable[[Sequence[str], Sequence[str]], dict[str, str]]
 

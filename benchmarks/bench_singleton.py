@@ -112,7 +112,7 @@ def _p95(values: Sequence[float]) -> float:
 
 
 def _slot_headers(slot_us: int) -> dict[str, Any]:
-    from celery_singlebeat.slots import SLOT_HEADER, slot_header
+    from celery_singlebeat.timeline.slots import SLOT_HEADER, slot_header
 
     return {SLOT_HEADER: slot_header(ENTRY, slot_us)}
 
@@ -194,7 +194,7 @@ def measure_inprocess(plan: SingletonPlan) -> list[dict[str, Any]]:
 
 def _inprocess(label: str, url: str, plan: SingletonPlan) -> dict[str, Any]:
     from celery_singlebeat.singleton.runtime import runtime_for
-    from celery_singlebeat.slots import slot_task_id
+    from celery_singlebeat.timeline.slots import slot_task_id
 
     with _bench_app(url) as app:
         tasks = {"plain": app.tasks["bench.plain"], "singleton": app.tasks["bench.singleton"]}
@@ -390,8 +390,8 @@ def _worker(
 ) -> dict[str, Any]:
     from celery import Celery
 
-    from celery_singlebeat.publishing import PublishGroup
-    from celery_singlebeat.slots import slot_task_id
+    from celery_singlebeat.engine.publishing import PublishGroup
+    from celery_singlebeat.timeline.slots import slot_task_id
 
     tag = uuid.uuid4().hex[:8]
     queue = f"bench-singleton-{tag}"

@@ -272,7 +272,7 @@ def batch_beat(seconds: float) -> None:
     """Every whole second, send every entry: a beat with no coordination at all."""
     import uuid
 
-    from celery_singlebeat.publishing import PublishGroup
+    from celery_singlebeat.engine.publishing import PublishGroup
 
     deadline = time.monotonic() + seconds
     sent = 0

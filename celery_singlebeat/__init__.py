@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from .scheduler import SingleBeatScheduler
     from .schedules.api import Schedules
     from .schedules.definition import StoredEntry, stored_entry
-    from .schema_admin import create_schema
     from .singleton import Singleton, SingletonTask
+    from .store.admin import create_schema
 
 
 #: public name -> the module (relative to this package) that defines it
@@ -60,7 +60,7 @@ _LAZY = {
     "Schedules": ".schedules.api",
     "StoredEntry": ".schedules.definition",
     "stored_entry": ".schedules.definition",
-    "create_schema": ".schema_admin",
+    "create_schema": ".store.admin",
     "Singleton": ".singleton",
     "SingletonTask": ".singleton",
 }

@@ -9,7 +9,7 @@ def main() -> None:
         # every beat pod, so it imports neither click nor Celery nor SQLAlchemy
         # (health.py is stdlib only): 30-45 ms of CPU, about what starting the
         # interpreter costs, instead of 600+ with Celery imported.
-        from .health import main as health
+        from .observe.health import main as health
 
         sys.exit(health(sys.argv[2:], prog="python -m celery_singlebeat health"))
     from .cli import singlebeat

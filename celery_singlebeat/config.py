@@ -19,9 +19,10 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from . import redact, timing
+from . import redact
 from .exceptions import ConfigurationError
-from .slots import MISSED_MODES, MissedPolicy
+from .timeline import timing
+from .timeline.slots import MISSED_MODES, MissedPolicy
 
 #: The embedded default: a SQLite file in the working directory.
 DEFAULT_URL = "sqlite:///celery-singlebeat.sqlite"

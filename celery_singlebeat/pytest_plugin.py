@@ -11,9 +11,9 @@ a test asks for one, so a project that never uses them pays nothing.
   of that name;
 * ``singlebeat_clock``, ``singlebeat_store``: a FakeClock and a MemoryStore on it;
 * ``singlebeat_fleet(replicas, ...)``: N replicas of the app on them
-  (:class:`celery_singlebeat.simulation.Fleet`), closed after the test;
+  (:class:`celery_singlebeat.testing.simulation.Fleet`), closed after the test;
 * ``singlebeat_simulate(start, end, replicas, events=...)``: which runs the
-  schedule sends (:func:`celery_singlebeat.simulation.simulate`);
+  schedule sends (:func:`celery_singlebeat.testing.simulation.simulate`);
 * ``singlebeat_worker(app)``: an in-process worker whose SingletonTasks use a
   MemoryStore (with pytest-celery's ``celery_app``, or any app).
 """
@@ -28,8 +28,8 @@ import pytest
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from .simulation import Event, Fleet, Simulation
-    from .testing import FakeClock, MemoryStore
+    from .testing.memory import FakeClock, MemoryStore
+    from .testing.simulation import Event, Fleet, Simulation
 
 MARKER = "singlebeat"
 INI_APP = "singlebeat_app"
@@ -109,7 +109,7 @@ def singlebeat_app(request: pytest.FixtureRequest) -> Any:
 def singlebeat_clock(request: pytest.FixtureRequest) -> FakeClock:
     """A :class:`~celery_singlebeat.testing.FakeClock`, at the marker's ``start``
     (default 2024-01-10 12:00 UTC); it moves only when the test moves it."""
-    from .testing import DEFAULT_START, FakeClock
+    from .testing.memory import DEFAULT_START, FakeClock
 
     start = _marker_kwargs(request).get("start") or DEFAULT_START
     if start.utcoffset() is None:
@@ -123,7 +123,7 @@ def singlebeat_clock(request: pytest.FixtureRequest) -> FakeClock:
 def singlebeat_store(singlebeat_clock: FakeClock) -> MemoryStore:
     """A :class:`~celery_singlebeat.testing.MemoryStore` on ``singlebeat_clock``:
     the "database" the fleet fixtures share; look at its rows afterwards."""
-    from .testing import MemoryStore
+    from .testing.memory import MemoryStore
 
     return MemoryStore(now_us=singlebeat_clock)
 
@@ -133,9 +133,9 @@ def singlebeat_fleet(
     request: pytest.FixtureRequest, singlebeat_clock: FakeClock, singlebeat_store: MemoryStore
 ) -> Iterator[Callable[..., Fleet]]:
     """``singlebeat_fleet(replicas=1, *, app=None, seed=0)``: a
-    :class:`~celery_singlebeat.simulation.Fleet` of ``app`` (default:
+    :class:`~celery_singlebeat.testing.simulation.Fleet` of ``app`` (default:
     ``singlebeat_app``) on ``singlebeat_clock`` and ``singlebeat_store``."""
-    from .simulation import Fleet
+    from .testing.simulation import Fleet
 
     opened: list[Fleet] = []
 
@@ -162,7 +162,7 @@ def singlebeat_simulate(
     request: pytest.FixtureRequest, singlebeat_clock: FakeClock, singlebeat_store: MemoryStore
 ) -> Callable[..., Simulation]:
     """``singlebeat_simulate(start, end, replicas=1, *, events=(), app=None,
-    settle=None, seed=0)``: :func:`~celery_singlebeat.simulation.simulate` on
+    settle=None, seed=0)``: :func:`~celery_singlebeat.testing.simulation.simulate` on
     ``singlebeat_clock`` and ``singlebeat_store``."""
 
     def run(
@@ -175,7 +175,7 @@ def singlebeat_simulate(
         settle: timedelta | None = None,
         seed: int = 0,
     ) -> Simulation:
-        from .simulation import simulate
+        from .testing.simulation import simulate
 
         return simulate(
             app if app is not None else request.getfixturevalue("singlebeat_app"),
@@ -227,7 +227,7 @@ def singlebeat_worker() -> Iterator[Callable[..., SingletonWorker]]:
         from celery.contrib.testing.worker import start_worker
 
         from .singleton.runtime import set_store
-        from .testing import MemoryStore
+        from .testing.memory import MemoryStore
 
         store = store if store is not None else MemoryStore()
         store.prepare(create=True)

@@ -21,18 +21,18 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from .beat_source import BeatScheduleSource
-from .clock import US
+from .beat.fatal import stop_beat
+from .beat.source import BeatScheduleSource
+from .beat.stopping import stop_deferred
 from .config import DEFAULT_MAX_LOOP_INTERVAL, Settings, read_setting
 from .engine import SYSTEM, Engine, Environment
 from .engine.outage import BACKOFF_MAX
 from .exceptions import ConfigurationError, ConnectionReplaced, StoreUnavailable
-from .fatal import stop_beat
-from .observers import check_for_scheduler, for_scheduler
+from .observe.observers import check_for_scheduler, for_scheduler
+from .observe.telemetry import NOTHING, Telemetry
 from .sources import EntryDefinition, EntrySource
-from .stopping import stop_deferred
 from .store.base import Store
-from .telemetry import NOTHING, Telemetry
+from .timeline.clock import US
 
 #: a child of "celery_singlebeat": configuring that logger still configures this one
 logger = logging.getLogger("celery_singlebeat.scheduler")

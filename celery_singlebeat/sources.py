@@ -2,7 +2,7 @@
 
 The engine decides *when* a slot is due and *who* sends it; a source says
 *what* runs. Celery's ``beat_schedule`` is the first source
-(:class:`~celery_singlebeat.beat_source.BeatScheduleSource`); stored schedules
+(:class:`~celery_singlebeat.beat.source.BeatScheduleSource`); stored schedules
 and django-celery-beat's models are the next ones. A source hands the engine
 its full set of entries once, when the replica connects, and from then on the
 changes since a cursor it returns with each answer, as often as the engine
@@ -45,8 +45,8 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .exceptions import ConfigurationError, ScheduleError
-from .limits import MAX_ENTRY_NAME
-from .slots import MissedPolicy, sequence_for
+from .store.widths import MAX_ENTRY_NAME
+from .timeline.slots import MissedPolicy, sequence_for
 
 
 class EntryDefinition(NamedTuple):

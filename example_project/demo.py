@@ -267,7 +267,7 @@ def read_periods() -> dict[str, int]:
     sys.path.insert(0, str(HERE))
     import proj  # imported late: DEMO_DIR must be set first
 
-    from celery_singlebeat.slots import period_of
+    from celery_singlebeat.timeline.slots import period_of
 
     periods = {}
     for name, entry in proj.app.conf.beat_schedule.items():

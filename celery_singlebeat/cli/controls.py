@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ..author import default_author
+from ..store.author import default_author
 from . import output
 from .connect import fleet_of
 from .durations import InstantOrDuration, When

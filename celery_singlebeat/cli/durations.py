@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from ..clock import datetime_to_us
+from ..timeline.clock import datetime_to_us
 
 _UNIT_US = {
     "ms": 1_000,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from .. import health
 from ..exceptions import SingleBeatError
+from ..observe import health
 from .group import _app_of, singlebeat
 
 _STATUS_FILE, _LIVE, _READY = (text for _flag, _meta, text in health.OPTIONS)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import click
 
-from ..clock import us_to_datetime
+from ..timeline.clock import us_to_datetime
 
 if TYPE_CHECKING:
     from ..store.base import Pause

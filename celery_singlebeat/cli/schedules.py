@@ -290,9 +290,9 @@ def _preview(name: str, given: dict[str, Any]) -> StoredEntry | None:
 def _show_static(
     ctx: click.Context, schedules: Schedules, name: str, count: int, as_json: bool
 ) -> None:
-    from ..clock import us_to_datetime
     from ..exceptions import ScheduleNotFound
     from ..store.fleet import Fleet
+    from ..timeline.clock import us_to_datetime
 
     app = _app_of(ctx)
     static = (app.conf.beat_schedule or {}) if app is not None else {}

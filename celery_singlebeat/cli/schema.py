@@ -22,7 +22,7 @@ from .group import _app_of, singlebeat, target_of
 @click.pass_context
 def create_schema_command(ctx: click.Context, url: str | None, table_prefix: str | None) -> None:
     """Create the coordination tables (idempotent)."""
-    from ..schema_admin import create_schema
+    from ..store.admin import create_schema
 
     app = _app_of(ctx)
     # its own options, else the group's (python -m celery_singlebeat --url URL create-schema)

@@ -117,10 +117,10 @@ def with_stored(
     ``DUE_SLACK_US`` ago, unpaused. Re-sorted next due first."""
     from datetime import timezone
 
-    from ..clock import us_to_datetime
     from ..schedules.runs import next_runs
     from ..schedules.spec import entry_from_fields, schedule_text
     from ..store.fleet import DUE_SLACK_US
+    from ..timeline.clock import us_to_datetime
 
     rows, _ = fleet.store.schedule_rows()
     if not rows:
@@ -161,7 +161,7 @@ def with_stored(
 
 
 def _next_us(runs: list[datetime]) -> int | None:
-    from ..clock import datetime_to_us
+    from ..timeline.clock import datetime_to_us
 
     return datetime_to_us(runs[0]) if runs else None
 

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from ..clock import US
-from ..sharing import FALLBACK_DELAY_US, bucket_of, bucket_owners
-from ..slots import MissedPolicy, SlotSequence, sequence_for
 from ..sources import EntryDefinition
 from ..store.base import EntryState
+from ..timeline.clock import US
+from ..timeline.slots import MissedPolicy, SlotSequence, sequence_for
+from .sharing import FALLBACK_DELAY_US, bucket_of, bucket_owners
 
 #: how many live sets' shares a replica keeps (64 KB each)
 _SHARES_KEPT = 4

@@ -15,20 +15,20 @@ import logging
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from .. import decisions
-from ..clock import US
-from ..decisions import batch_fields, slot_fields, slot_text
 from ..exceptions import StoreUnavailable
+from ..observe import decisions
+from ..observe.decisions import batch_fields, slot_fields, slot_text
 from ..schedules.source import LABEL as STORED
-from ..sharing import FALLBACK_BATCH, FALLBACK_DELAY_US, FIRST_BATCH
-from ..slots import Plan, plan_due, slot_task_id
 from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Written
+from ..timeline.clock import US
+from ..timeline.slots import Plan, plan_due, slot_task_id
 from .agenda import NOTHING_WON, Agenda, Tracked
 from .context import ReplicaContext
 from .controls import Controls
 from .hold import Hold
 from .missed import report_skipped
 from .ownership import HeldSlots
+from .sharing import FALLBACK_BATCH, FALLBACK_DELAY_US, FIRST_BATCH
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Settings
+from ..observe.telemetry import Telemetry
 from ..store.base import Store
-from ..telemetry import Telemetry
-from ..timing import sweep_period_s
+from ..timeline.timing import sweep_period_s
 from .environment import Environment
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from ..decisions import slot_text
 from ..exceptions import StoreUnavailable
+from ..observe.decisions import slot_text
 from ..store.base import PAUSE_ALL, ControlListener, Pause
 from .context import ReplicaContext
 

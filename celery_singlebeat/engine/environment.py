@@ -4,13 +4,13 @@ Every step reads the monotonic clock (when to sweep, the publish deadline, the
 hold), the wall clock (checking a new entry's schedule) and a random source
 (wake-up jitter, the outage backoff's jitter) through one
 :class:`Environment`, passed in when the engine is built. Tests, the
-simulation (:mod:`celery_singlebeat.simulation`) and the benchmarks pass their
+simulation (:mod:`celery_singlebeat.testing.simulation`) and the benchmarks pass their
 own (a fake clock, a seeded generator) instead of patching module globals, so
 two simulated fleets can run in one process and no patch leaks into another
 test.
 
 The database's clock is another matter: the store estimates it
-(:mod:`celery_singlebeat.clock`) and every decision about a slot uses it.
+(:mod:`celery_singlebeat.timeline.clock`) and every decision about a slot uses it.
 """
 
 from __future__ import annotations

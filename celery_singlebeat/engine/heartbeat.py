@@ -15,13 +15,13 @@ import os
 import socket
 from collections.abc import Iterable
 
-from .. import catalog
 from .._version import __version__
-from ..clock import US
-from ..sharing import SHARE_RECHECK, live_replicas
 from ..store.base import CatalogEntry, ReplicaInfo
+from ..timeline.clock import US
+from . import catalog
 from .agenda import Agenda
 from .context import ReplicaContext
+from .sharing import SHARE_RECHECK, live_replicas
 
 
 class Membership:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import decisions
-from ..clock import US
-from ..decisions import batch_fields, slot_text
-from ..failover import Journal, SentJournal, hold_seconds
-from ..slots import KeptSpan
+from ..observe import decisions
+from ..observe.decisions import batch_fields, slot_text
 from ..store.base import Claim, SlotKey
+from ..store.journal import Journal, SentJournal, hold_seconds
+from ..timeline.clock import US
+from ..timeline.slots import KeptSpan
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

@@ -19,15 +19,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..clock import US
+from ..beat.embedded import stop_worker
 from ..config import Settings
-from ..embedded import stop_worker
 from ..exceptions import SchemaError, StoreUnavailable
+from ..observe.telemetry import NOTHING, Telemetry
 from ..schedules.source import StoredSource
-from ..sharing import FALLBACK_DELAY_US
 from ..sources import EntryDefinition, EntrySource
 from ..store.base import Store
-from ..telemetry import NOTHING, Telemetry
+from ..timeline.clock import US
 from .agenda import Agenda, Tracked
 from .claiming import Claiming
 from .context import ReplicaContext
@@ -39,6 +38,7 @@ from .hold import Hold
 from .outage import Outage
 from .ownership import HeldSlots
 from .sending import Sending
+from .sharing import FALLBACK_DELAY_US
 from .takeover import Takeover
 from .upkeep import Upkeep
 from .watch import SourceWatch

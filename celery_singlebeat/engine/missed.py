@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import decisions, signals
-from ..clock import US, us_to_datetime
-from ..decisions import batch_fields, slot_text
-from ..slots import MissedPolicy
+from .. import signals
+from ..observe import decisions
+from ..observe.decisions import batch_fields, slot_text
 from ..store.base import SlotKey
+from ..timeline.clock import US, us_to_datetime
+from ..timeline.slots import MissedPolicy
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

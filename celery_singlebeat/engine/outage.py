@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..exceptions import StoreUnavailable
-from ..timing import OUTAGE_BACKOFF_MAX_S
+from ..timeline.timing import OUTAGE_BACKOFF_MAX_S
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

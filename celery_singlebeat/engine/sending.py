@@ -17,20 +17,21 @@ from typing import Any
 from celery.beat import _evaluate_entry_args, _evaluate_entry_kwargs
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from .. import decisions, signals
-from ..clock import US, us_to_datetime
-from ..decisions import batch_fields, claim_fields, slot_text
+from .. import signals
 from ..exceptions import StoreUnavailable
-from ..publishing import PublishGroup, skip_declared
-from ..slots import SLOT_HEADER, slot_header, slot_task_id
+from ..observe import decisions
+from ..observe.decisions import batch_fields, claim_fields, slot_text
+from ..observe.telemetry import NOTHING
 from ..sources import EntryDefinition
 from ..store.base import Claim, SlotKey
-from ..telemetry import NOTHING
-from ..timing import PUBLISH_SHARE
+from ..timeline.clock import US, us_to_datetime
+from ..timeline.slots import SLOT_HEADER, slot_header, slot_task_id
+from ..timeline.timing import PUBLISH_SHARE
 from .agenda import Agenda
 from .context import ReplicaContext
 from .hold import Hold
 from .ownership import HeldSlots
+from .publishing import PublishGroup, skip_declared
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 

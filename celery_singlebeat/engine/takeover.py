@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from .. import decisions
-from ..decisions import claim_fields, slot_fields, slot_text
-from ..slots import slot_task_id
+from ..observe import decisions
+from ..observe.decisions import claim_fields, slot_fields, slot_text
 from ..store.base import Claim, SlotKey
+from ..timeline.slots import slot_task_id
 from .context import ReplicaContext
 from .ownership import HeldSlots
 

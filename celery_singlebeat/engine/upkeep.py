@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from ..clock import US
+from ..timeline.clock import US
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..exceptions import ConfigurationError
-from ..failover import Journal
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource, check_definition
 from ..store.base import Claim, EntryState
+from ..store.journal import Journal
 from .agenda import Agenda
 from .context import ReplicaContext
 

@@ -22,12 +22,12 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..author import MAX_AUTHOR, default_author
-from ..clock import datetime_to_us
 from ..config import Settings
 from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
+from ..store.author import MAX_AUTHOR, default_author
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleLogRow, ScheduleWrite
+from ..timeline.clock import datetime_to_us
 from .definition import StoredEntry, stored_entry, with_changes
 from .runs import next_runs as _next_runs
 from .spec import entry_from_fields, entry_to_fields

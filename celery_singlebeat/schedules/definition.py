@@ -28,12 +28,12 @@ from typing import Any, NamedTuple
 
 from celery.schedules import crontab
 
-from ..clock import US, datetime_to_us, us_to_datetime
 from ..config import parse_missed_policy, setting_default
 from ..exceptions import ConfigurationError, InvalidEntry
-from ..limits import MAX_ENTRY_NAME
-from ..slot_bounds import At
-from ..slots import MISSED_MODES, MissedPolicy, period_of, sequence_for
+from ..store.widths import MAX_ENTRY_NAME
+from ..timeline.bounds import At
+from ..timeline.clock import US, datetime_to_us, us_to_datetime
+from ..timeline.slots import MISSED_MODES, MissedPolicy, period_of, sequence_for
 from .kinds import make_schedule, own_zone, parse_instant, schedule_to_data
 
 #: the longest task name, in characters (the catalog's ``task`` column)
@@ -103,7 +103,7 @@ class StoredEntry:
     task: str
     #: ``celery.schedules.crontab`` (its own zone or none: the app's),
     #: ``celery.schedules.schedule`` (an interval, >= 1 ms), ``solar``, or
-    #: :class:`~celery_singlebeat.slot_bounds.At` (one run)
+    #: :class:`~celery_singlebeat.timeline.bounds.At` (one run)
     schedule: object
     #: positional arguments, as JSON gives them back (lists inside)
     args: tuple[Any, ...] = ()
@@ -354,7 +354,7 @@ def parse_missed(value: Any) -> MissedPolicy | None:
     """A missed-run policy override from any accepted form (ValueError naming
     the part that is wrong, as ``policy``, ``grace`` or ``max``).
 
-    Accepted: None (the app's); a :class:`~celery_singlebeat.slots.MissedPolicy`;
+    Accepted: None (the app's); a :class:`~celery_singlebeat.timeline.slots.MissedPolicy`;
     a mode (``"skip"``); a mapping of the document form (``policy``,
     ``grace`` in seconds or a timedelta, ``max``) or of a beat_schedule
     entry's options (``singlebeat_missed_policy``, ``_grace``, ``_max``).

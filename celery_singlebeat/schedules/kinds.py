@@ -8,7 +8,7 @@ the rest of the library computes slots from:
 * a crontab: ``celery.schedules.crontab``, with its own time zone or none (the
   app's time zone, at run time);
 * a solar event: ``celery.schedules.solar``;
-* one run at an instant: :class:`~celery_singlebeat.slot_bounds.At`.
+* one run at an instant: :class:`~celery_singlebeat.timeline.bounds.At`.
 
 Its *data form* is one JSON object, the same in files, on the command line
 and in the database (``schedules.spec`` re-exports the two functions)::
@@ -39,10 +39,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 
-from ..clock import US
 from ..exceptions import InvalidEntry
-from ..slot_bounds import At
-from ..slots import period_of
+from ..timeline.bounds import At
+from ..timeline.clock import US
+from ..timeline.slots import period_of
 
 #: the shortest interval: slots closer than this are not told apart by people
 MIN_INTERVAL = timedelta(milliseconds=1)

@@ -6,7 +6,7 @@
 ``slots.sequence_for``'s ``slot_sequence`` hook), the catalog (through
 ``schedule_spec.spec_of``) and the fleet (through the spec) one sequence of
 instants: the entry's schedule within its start and end, its first
-``max_runs`` runs, each moved by its jitter (:mod:`celery_singlebeat.slot_bounds`).
+``max_runs`` runs, each moved by its jitter (:mod:`celery_singlebeat.timeline.bounds`).
 
 :func:`next_runs` computes the same instants for a person: of a stored entry,
 saved or not, or of a bare schedule (a ``beat_schedule`` entry's), so that
@@ -22,11 +22,11 @@ from typing import Any
 
 from celery.schedules import crontab
 
-from ..clock import datetime_to_us, us_to_datetime
-from ..slot_bounds import UNBOUNDED, At, BoundedSchedule, Bounds, bounded_sequence
-from ..slots import MissedPolicy, SlotSequence, sequence_for
 from ..sources import EntryDefinition
 from ..store.values import EDITABLE, ScheduleRow
+from ..timeline.bounds import UNBOUNDED, At, BoundedSchedule, Bounds, bounded_sequence
+from ..timeline.clock import datetime_to_us, us_to_datetime
+from ..timeline.slots import MissedPolicy, SlotSequence, sequence_for
 from .definition import NO_OPTIONS, StoredEntry, checked_row
 from .kinds import own_zone, schedule_from_data
 
@@ -37,8 +37,8 @@ LABEL = "stored schedules"
 @dataclass(frozen=True)
 class StoredSchedule(BoundedSchedule):
     """A stored entry's schedule as the engine runs it: the Celery schedule (or
-    :class:`~celery_singlebeat.slot_bounds.At`) and the entry's
-    :class:`~celery_singlebeat.slot_bounds.Bounds`.
+    :class:`~celery_singlebeat.timeline.bounds.At`) and the entry's
+    :class:`~celery_singlebeat.timeline.bounds.Bounds`.
 
     ``slot_sequence(anchor_us, tz)`` gives its slots: an interval with a start
     runs at the start and every period after it (else from the anchor the

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..exceptions import ScheduleError
-from ..slots import MissedPolicy
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleRow
+from ..timeline.slots import MissedPolicy
 from .runs import LABEL, definition_of_row
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

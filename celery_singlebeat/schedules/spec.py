@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from ..clock import US, datetime_to_us, us_to_datetime
 from ..exceptions import InvalidEntry
+from ..timeline.clock import US, datetime_to_us, us_to_datetime
 from .definition import (
     StoredEntry,
     checked_row,

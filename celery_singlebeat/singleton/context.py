@@ -6,9 +6,9 @@ import threading
 from datetime import datetime
 from typing import NamedTuple
 
-from ..clock import us_to_datetime
 from ..exceptions import LeaseLost
 from ..store.singleton_store import SingletonStore
+from ..timeline.clock import us_to_datetime
 from .writeback import through_reconnect
 
 _local = threading.local()

@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import decisions, signals
-from ..clock import US
-from ..decisions import run_fields
+from .. import signals
 from ..exceptions import StoreUnavailable
+from ..observe import decisions
+from ..observe.decisions import run_fields
+from ..observe.telemetry import SINGLETON_NOTHING, SingletonTelemetry
 from ..store.singleton_store import SingletonStore
 from ..store.values import Lease, Run
-from ..telemetry import SINGLETON_NOTHING, SingletonTelemetry
+from ..timeline.clock import US
 from .context import Singleton
 from .writeback import through_reconnect
 

@@ -15,11 +15,11 @@ import time
 import weakref
 from typing import Any
 
-from ..clock import US
 from ..config import Settings, default_replica_id
-from ..observers import for_worker
+from ..observe.observers import for_worker
+from ..observe.telemetry import SingletonTelemetry
 from ..store.singleton_store import SingletonStore
-from ..telemetry import SingletonTelemetry
+from ..timeline.clock import US
 from .heartbeat import heartbeat
 from .writeback import PING_S, WriteBack
 

@@ -26,18 +26,19 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_init
 
-from .. import decisions, signals
-from ..clock import US, us_to_datetime
-from ..decisions import run_fields, slot_text
+from .. import signals
 from ..exceptions import (
     ConfigurationError,
     ConnectionReplaced,
     SingletonBusy,
     StoreUnavailable,
 )
-from ..slots import SLOT_HEADER
+from ..observe import decisions
+from ..observe.decisions import run_fields, slot_text
 from ..store.singleton_store import SingletonStore
 from ..store.values import Busy, Lease, Run, RunStatus
+from ..timeline.clock import US, us_to_datetime
+from ..timeline.slots import SLOT_HEADER
 from . import context
 from .context import Singleton, SlotInfo
 from .heartbeat import Held, heartbeat

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .. import decisions
-from ..decisions import batch_fields, slot_text
 from ..exceptions import ConnectionReplaced, StoreUnavailable
-from ..failover import HOLD_MARGIN_S
+from ..observe import decisions
+from ..observe.decisions import batch_fields, slot_text
+from ..observe.telemetry import SingletonTelemetry
+from ..store.journal import HOLD_MARGIN_S
 from ..store.singleton_store import SingletonStore
 from ..store.values import Run, RunRecord, SlotKey
-from ..telemetry import SingletonTelemetry
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 

@@ -142,7 +142,7 @@ class Store(SlotStore, FleetStore, SingletonStore, ScheduleStore):
     """Shared state of all replicas and workers: every audience's contract at once.
 
     Implementations: SQL (``store.sql``) and in-memory
-    (``celery_singlebeat.testing``); both pass every contract suite. It adds
+    (``celery_singlebeat.testing.memory``); both pass every contract suite. It adds
     nothing to its contracts (``tests/unit/test_store_contracts.py`` holds it
     to that): a method belongs to exactly one audience, and a consumer that
     needs one audience takes that contract, not this.

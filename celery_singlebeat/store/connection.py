@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from ..clock import DatabaseClock
+from ..timeline.clock import DatabaseClock
 
 
 class StoreConnection(ABC):

@@ -31,14 +31,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
 from ..exceptions import ControlError
-from ..membership import replica_live
+from ..timeline.membership import replica_live
 from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from .fleet_statements import FleetDialect, status_entries
 from .schema import MAX_ENTRY_NAME
 from .sql import FleetPruned, SqlStore
 
 if TYPE_CHECKING:
-    from ..slots import SlotSequence
+    from ..timeline.slots import SlotSequence
 
 T = TypeVar("T")
 
@@ -345,7 +345,7 @@ class Fleet:
         Per entry: its task and schedule from the catalog (rows of live replicas
         first), how many live replicas have it, the next slot the fleet will
         send (rebuilt from the catalog's spec and the entry's anchor:
-        :func:`celery_singlebeat.schedule_spec.sequence_of`), the first slot it should
+        :func:`celery_singlebeat.timeline.schedule_spec.sequence_of`), the first slot it should
         have sent and did not when there is one (``overdue_slot_us``), the
         latest slot claimed and the state of its row, the latest sent slot with
         its sender and delay, and the pause in force (its own or ``*``).
@@ -394,7 +394,7 @@ class Fleet:
         (``singlebeat_retention``), claimed ones until sent. A row keeps only its
         last owner; a fence above 1 says it changed hands before. Reads only.
         """
-        from ..slots import slot_task_id
+        from ..timeline.slots import slot_task_id
 
         if limit < 1:
             raise ValueError(f"limit {limit}: expected at least 1")
@@ -573,7 +573,7 @@ class Fleet:
         _check_texts(by, reason)
 
         def work(conn: Connection, now: int) -> RunNowResult:
-            from ..slots import slot_task_id
+            from ..timeline.slots import slot_task_id
 
             self._check_known(conn, now, [name])
             rows = self._pause_rows(conn, [name])
@@ -758,8 +758,8 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..schedule_spec import sequence_of
-    from ..slots import IntervalSequence
+    from ..timeline.schedule_spec import sequence_of
+    from ..timeline.slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}
     pause_all = paused.get(PAUSE_ALL)

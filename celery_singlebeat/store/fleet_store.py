@@ -92,7 +92,7 @@ class FleetStore(StoreConnection):
         :attr:`.ScheduleStore.schedule_revision` (so that a heartbeat counts as
         a feed read). Returns the
         ids, sorted, of the replica rows that are live by
-        :func:`~celery_singlebeat.membership.replica_live` at the database's
+        :func:`~celery_singlebeat.timeline.membership.replica_live` at the database's
         now of this call, ``info.id`` always among them (its row was just
         written: live by definition, whether or not the statement's read sees
         its own write). One round trip where the store can (PostgreSQL,

@@ -207,7 +207,7 @@ class ScheduleStore(StoreConnection):
         the ids of those replicas, sorted. A stored entry may not take such a
         name: the replicas that define it would ignore the stored one and the
         others send it, two definitions under one name. Live by the one rule
-        (:func:`~celery_singlebeat.membership.replica_live`, on the database's
+        (:func:`~celery_singlebeat.timeline.membership.replica_live`, on the database's
         clock), so a stopped release's names are free again once its replicas
         are gone. One statement, whatever the number of names; the default
         (an earlier store, without catalogs): none."""

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..clock import DatabaseClock
 from ..exceptions import StoreUnavailable
-from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..redact import Secrets
+from ..timeline.clock import DatabaseClock
+from ..timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from .executor import SqlExecutor
 from .schedule_edits import Edit, check_batch, plan
 from .schedule_statements import ScheduleDialect, schedule_dialect_for

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, Engine
 
-from ..clock import DatabaseClock
 from ..exceptions import SchemaError, StoreUnavailable
-from ..membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..redact import Secrets
-from ..timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
+from ..timeline.clock import DatabaseClock
+from ..timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
+from ..timeline.timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from .base import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,

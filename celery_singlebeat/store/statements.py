@@ -85,7 +85,7 @@ class Dialect:
 
 
 def live_replica(now: str, alias: str = "r") -> str:
-    """:func:`celery_singlebeat.membership.replica_live` in SQL: the replicas
+    """:func:`celery_singlebeat.timeline.membership.replica_live` in SQL: the replicas
     table's row ``alias`` is live at ``now`` (an SQL expression of the
     database's clock). Binds ``:beats`` and ``:slack_us``, which the store sets
     to ``LIVE_HEARTBEATS`` and ``LIVE_SLACK_US``: every statement that judges

@@ -15,7 +15,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .. import timing
+from ..timeline import timing
 
 #: How far ahead of the database's clock a slot may be claimed. Replicas
 #: estimate that clock to within half a round trip; this absorbs the estimate's
@@ -110,7 +110,7 @@ class ReplicaInfo(NamedTuple):
 
 
 class CatalogEntry(NamedTuple):
-    """One entry as a replica has it (see :mod:`celery_singlebeat.catalog`)."""
+    """One entry as a replica has it (see :mod:`celery_singlebeat.engine.catalog`)."""
 
     entry: str
     task: str

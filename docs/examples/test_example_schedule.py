@@ -5,7 +5,7 @@ The ini option ``singlebeat_app = exampleapp:app`` names the app.
 
 from datetime import datetime, timedelta, timezone
 
-from celery_singlebeat.simulation import ReplicaKilled, assert_runs
+from celery_singlebeat.testing.simulation import ReplicaKilled, assert_runs
 
 UTC = timezone.utc
 

@@ -43,10 +43,10 @@ import sqlalchemy as sa
 from conftest import IN_CI, direct_engine
 from sqlalchemy.engine import Engine
 
-from celery_singlebeat.sharing import first_replicas
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.engine.sharing import first_replicas
 from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.statements import dialect_for
+from celery_singlebeat.timeline.slots import slot_task_id
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

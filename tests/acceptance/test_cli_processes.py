@@ -27,7 +27,7 @@ from fleet_rows import FleetRows, every
 from harness import CELERY, HERE
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.clock import US
+from celery_singlebeat.timeline.clock import US
 
 SECRET = "Cl1-s3cret"
 USER_SECRET, QUERY_SECRET, OPTION_SECRET = (f"{SECRET}-{w}" for w in ("user", "query", "option"))

@@ -18,8 +18,8 @@ import pytest
 from conftest import IN_CI, REDIS_URL, require
 from harness import US, Rig, check_slots, collect, wait_for
 
-from celery_singlebeat.clock import us_to_datetime
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US
+from celery_singlebeat.timeline.clock import us_to_datetime
 
 PERIOD_US = US
 ENTRIES = 5

@@ -30,9 +30,9 @@ from harness import (
     wait_for,
 )
 
-from celery_singlebeat.clock import us_to_datetime
-from celery_singlebeat.sharing import FALLBACK_DELAY_US, first_replicas
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.engine.sharing import FALLBACK_DELAY_US, first_replicas
+from celery_singlebeat.timeline.clock import us_to_datetime
+from celery_singlebeat.timeline.slots import slot_task_id
 
 #: each replica proposes the entries it is first for at once and the others
 #: 250 ms later (rendezvous hashing of the replica ids, whose split is

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_failover import TASK, Config, Run
 
-from celery_singlebeat.slots import slot_header, slot_task_id
+from celery_singlebeat.timeline.slots import slot_header, slot_task_id
 
 #: the standby's WAL link delay: everything committed this long before the cut is lost
 LAG_S = 0.5

@@ -32,10 +32,10 @@ from harness import (
 )
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.clock import us_to_datetime
-from celery_singlebeat.failover import hold_seconds
-from celery_singlebeat.sharing import FALLBACK_DELAY_US
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.engine.sharing import FALLBACK_DELAY_US
+from celery_singlebeat.store.journal import hold_seconds
+from celery_singlebeat.timeline.clock import us_to_datetime
+from celery_singlebeat.timeline.slots import slot_task_id
 
 PERIOD_US = US
 LEASE = 3.0
@@ -279,7 +279,7 @@ def _missed_run_plan(
     late, on time while it is due and at most that late, and not yet due after
     ``planned_us`` (sent in the normal course, so let through). Of the missed:
     coalesce sends the latest unless an on-time slot is due too, skip none, all
-    the ``max_missed`` latest (``celery_singlebeat.slots.plan_due``, written
+    the ``max_missed`` latest (``celery_singlebeat.timeline.slots.plan_due``, written
     out again here so that the test does not judge the code by itself)."""
     missed = [s for s in pending if planned_us - s > grace_us]
     on_time = [s for s in pending if 0 <= planned_us - s <= grace_us]

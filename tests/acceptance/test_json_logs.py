@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from harness import US, Rig, check_slots, collect, wait_connected, wait_db_time
 
-from celery_singlebeat.clock import us_to_datetime
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.timeline.clock import us_to_datetime
+from celery_singlebeat.timeline.slots import slot_task_id
 
 SENT = ("won", "took_over")
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from failover import FailoverPair
 
 from celery_singlebeat import Schedules, StoredEntry
-from celery_singlebeat.clock import datetime_to_us
+from celery_singlebeat.timeline.clock import datetime_to_us
 
 NAME = "report"
 EVERY = timedelta(seconds=60)

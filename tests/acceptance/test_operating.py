@@ -30,7 +30,7 @@ from typing import Any
 
 from harness import US, Rig, wait_connected, wait_for
 
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.timeline.slots import slot_task_id
 
 LEASE = 5.0
 PAUSED = "probe-0"

@@ -34,7 +34,7 @@ from harness import (
 )
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.timeline.slots import slot_task_id
 
 PERIOD_US = US
 

@@ -49,7 +49,7 @@ from harness import (
 )
 
 from celery_singlebeat.singleton.runtime import PRUNE_TURN_US
-from celery_singlebeat.slots import slot_header, slot_task_id
+from celery_singlebeat.timeline.slots import slot_header, slot_task_id
 
 HOLD = "singletonapp.hold"
 PROBE = "beatapp.probe"

@@ -45,7 +45,7 @@ from harness import (
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat import SingletonBusy
-from celery_singlebeat.slots import slot_header, slot_task_id
+from celery_singlebeat.timeline.slots import slot_header, slot_task_id
 
 #: singleton_ttl of the worker app's tasks (SB_TTL)
 TTL = 3.0

@@ -59,7 +59,7 @@ from harness import (
 )
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
+from celery_singlebeat.timeline.slots import SLOT_HEADER, slot_header, slot_task_id
 
 #: singlebeat_liveness_timeout of the replicas: the shortest a setting allows is
 #: above the 10 s outage backoff; 15 s keeps a margin for this loaded machine

@@ -19,12 +19,12 @@ from fleet_rows import FleetRows, cron, every
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.clock import US
 from celery_singlebeat.exceptions import ControlError, SchemaError, StoreUnavailable
-from celery_singlebeat.slots import slot_task_id
 from celery_singlebeat.store.base import PAUSE_ALL, controls_channel
 from celery_singlebeat.store.fleet import DUE_SLACK_US, Fleet
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.timeline.clock import US
+from celery_singlebeat.timeline.slots import slot_task_id
 
 A, B, C, D = "pod-a:11:aa", "pod-b:12:bb", "pod-c:13:cc", "pod-d:14:dd"
 MINUTE = 60 * US

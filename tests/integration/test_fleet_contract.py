@@ -18,7 +18,6 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from test_store_contract import LONG_LEASE, Backend, backend, wait_db_past  # noqa: F401
 
-from celery_singlebeat.clock import US
 from celery_singlebeat.store.base import (
     CONTROLS_KEY,
     PAUSE_ALL,
@@ -33,6 +32,7 @@ from celery_singlebeat.store.fleet import Fleet
 from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.testing import MemoryStore
+from celery_singlebeat.timeline.clock import US
 
 
 class Operator:

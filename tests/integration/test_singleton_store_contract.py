@@ -27,10 +27,10 @@ from test_store_contract import (  # noqa: F401
     wait_db_past,
 )
 
-from celery_singlebeat.clock import US
 from celery_singlebeat.exceptions import SchemaError
 from celery_singlebeat.store.base import Busy, Lease, Run, RunBegin, RunStatus, SlotKey, Store
 from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
+from celery_singlebeat.timeline.clock import US
 
 #: statements each operation costs: one decision, one round trip, except where
 #: the database has no RETURNING (MySQL/MariaDB read the row back, SQLite reads

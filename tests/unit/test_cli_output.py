@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from celery_singlebeat.cli import output
 from celery_singlebeat.cli.durations import parse_duration, parse_instant
-from celery_singlebeat.clock import US, us_to_datetime
+from celery_singlebeat.timeline.clock import US, us_to_datetime
 
 
 @given(st.integers(-(2**50), 2**52))

@@ -1,4 +1,4 @@
-"""The database clock estimate (celery_singlebeat.clock) and the microsecond helpers.
+"""The database clock estimate (celery_singlebeat.timeline.clock) and the microsecond helpers.
 
 DatabaseClock takes its local clocks as arguments; the tests pass clocks they
 set by hand, so every sample's latency and age is exact.
@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 
 
 class Clocks:

@@ -21,10 +21,10 @@ import pytest
 from celery.schedules import crontab
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
-from celery_singlebeat.clock import US
 from celery_singlebeat.engine import Environment
 from celery_singlebeat.engine.feed import READ_EVERY_S
 from celery_singlebeat.testing import FakeClock, MemoryScheduler
+from celery_singlebeat.timeline.clock import US
 
 LEASE = 15.0
 

@@ -14,7 +14,7 @@ from celery import Celery
 
 from celery_singlebeat.config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
 from celery_singlebeat.exceptions import ConfigurationError
-from celery_singlebeat.slots import MissedPolicy
+from celery_singlebeat.timeline.slots import MissedPolicy
 
 PASSWORD = "hunter2-s3cret"
 

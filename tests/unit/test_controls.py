@@ -16,13 +16,13 @@ import pytest
 from test_scheduler import TASK, Harness, every, harness_for, monotonic_shift  # noqa: F401
 
 from celery_singlebeat import Schedules
-from celery_singlebeat.clock import US
 from celery_singlebeat.engine.controls import PROBE_EVERY_S, PROBE_WAIT_S
 from celery_singlebeat.engine.feed import BACKSTOP_S, READ_EVERY_S, Feed
-from celery_singlebeat.sharing import FALLBACK_DELAY_US
-from celery_singlebeat.slots import slot_task_id
+from celery_singlebeat.engine.sharing import FALLBACK_DELAY_US
 from celery_singlebeat.store.base import PAUSE_ALL, ControlListener
 from celery_singlebeat.testing import MemoryScheduler
+from celery_singlebeat.timeline.clock import US
+from celery_singlebeat.timeline.slots import slot_task_id
 
 SECOND = timedelta(seconds=1)
 FALLBACK = timedelta(microseconds=FALLBACK_DELAY_US)
@@ -347,7 +347,6 @@ def just_after_a_read(replica: MemoryScheduler, shift: list[float]) -> None:
         tick_for(replica, shift, 0.01, 0.01)
 
 
-
 def _proven_listener(
     harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture
 ) -> tuple[Harness, list[float], MemoryScheduler, FakeListener, Feed, Schedules]:
@@ -363,6 +362,7 @@ def _proven_listener(
     schedules = Schedules(store=harness.store, by="test")
     tick_for(replica, shift, PROBE_WAIT_S, 0.25)
     return harness, shift, replica, listener, replica.engine.feed, schedules
+
 
 def test_a_listener_deaf_to_changes_is_found_out_and_the_feed_read_every_period(
     harness_for: Callable[..., Harness], caplog: pytest.LogCaptureFixture

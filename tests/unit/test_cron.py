@@ -1,4 +1,4 @@
-"""Crontab instants (celery_singlebeat.cron): daylight-saving rules, field semantics,
+"""Crontab instants (celery_singlebeat.timeline.cron): daylight-saving rules, field semantics,
 inverse consistency, agreement with Celery where Celery is right, and speed.
 
 The rules under test, from cron.py's docstring: in autumn a matching wall time
@@ -21,9 +21,9 @@ from celery.schedules import crontab
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
-from celery_singlebeat.cron import CronFields
-from celery_singlebeat.slots import CronSequence, sequence_for
+from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.cron import CronFields
+from celery_singlebeat.timeline.slots import CronSequence, sequence_for
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

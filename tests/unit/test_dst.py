@@ -5,7 +5,7 @@ that the test moves through the 24 hours around each change (Europe/Berlin and
 America/New_York, spring and autumn 2026). Every message that really reached
 the (in-memory) broker is read back and compared with the instants the
 documented rules give (docs/algorithm.md, "Crontab"), computed here
-independently of ``celery_singlebeat.cron``:
+independently of ``celery_singlebeat.timeline.cron``:
 
 * a wall time that happens twice (autumn) runs once, at its first occurrence;
 * a wall time inside the spring gap runs once, at the instant it maps to with
@@ -33,11 +33,11 @@ from celery import Celery
 from celery.schedules import crontab
 from kombu.simple import SimpleQueue
 
-from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 from celery_singlebeat.engine import Environment
-from celery_singlebeat.sharing import first_replicas
-from celery_singlebeat.slots import SLOT_HEADER, sequence_for
+from celery_singlebeat.engine.sharing import first_replicas
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
+from celery_singlebeat.timeline.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.slots import SLOT_HEADER, sequence_for
 
 TASK = "sbdst.probe"
 MINUTE = timedelta(minutes=1)

@@ -27,8 +27,8 @@ from test_scheduler import (  # noqa: F401
 )
 from test_sharing import FALLBACK, _round, _sharing
 
-from celery_singlebeat.failover import SentJournal, hold_seconds
 from celery_singlebeat.store.base import Claim, SlotKey
+from celery_singlebeat.store.journal import SentJournal, hold_seconds
 from celery_singlebeat.testing import MemoryScheduler
 
 ENTRIES = 60

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from celery_singlebeat import fatal
+from celery_singlebeat.beat import fatal
 from celery_singlebeat.exceptions import ConfigurationError
 
 

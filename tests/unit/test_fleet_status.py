@@ -11,11 +11,11 @@ from celery.schedules import crontab
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_singlebeat.catalog import describe
-from celery_singlebeat.clock import US
-from celery_singlebeat.slots import IntervalSequence, sequence_for
+from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.store.base import PAUSE_ALL, Pause
 from celery_singlebeat.store.fleet import DUE_SLACK_US, _entry_statuses
+from celery_singlebeat.timeline.clock import US
+from celery_singlebeat.timeline.slots import IntervalSequence, sequence_for
 
 NOW = 1_780_000_000 * US
 EVERY_10 = describe("x", "t", timedelta(seconds=10), timezone.utc).spec

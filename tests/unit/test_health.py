@@ -24,11 +24,13 @@ import pytest
 from test_scheduler import Harness, every, harness_for  # noqa: F401 - fixture
 
 import celery_singlebeat
-from celery_singlebeat import ConfigurationError, health, membership, scheduler
+from celery_singlebeat import ConfigurationError, scheduler
 from celery_singlebeat.config import Settings
-from celery_singlebeat.health import Health, Status, liveness, readiness
+from celery_singlebeat.observe import health
+from celery_singlebeat.observe.health import Health, Status, liveness, readiness
+from celery_singlebeat.observe.telemetry import NOTHING, Fanout
 from celery_singlebeat.store import sql
-from celery_singlebeat.telemetry import NOTHING, Fanout
+from celery_singlebeat.timeline import membership
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,7 +235,7 @@ def test_the_exec_probe_imports_neither_celery_nor_sqlalchemy_nor_click(tmp_path
     path = str(tmp_path / "status")
     Health(60, 17, path).loop(time.monotonic())
     probe = imported_by("-m", "celery_singlebeat", "health", "--live", "--status-file", path)
-    assert "celery_singlebeat.health" in probe
+    assert "celery_singlebeat.observe.health" in probe
     heavy = {m for m in probe if m.split(".")[0] in ("celery", "kombu", "sqlalchemy", "click")}
     assert not heavy, sorted(heavy)
     # what the probe adds to the interpreter's own start-up (an editable

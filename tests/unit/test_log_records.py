@@ -31,15 +31,15 @@ from test_scheduler import (
 )
 from test_singleton import SLOT_US, eager_exceptions, make_hold, slot_apply, wait_until
 
-from celery_singlebeat import decisions
-from celery_singlebeat.clock import US
-from celery_singlebeat.decisions import FIELDS
 from celery_singlebeat.engine import sending as sending_module
-from celery_singlebeat.sharing import FALLBACK_DELAY_US
+from celery_singlebeat.engine.sharing import FALLBACK_DELAY_US
+from celery_singlebeat.observe import decisions
+from celery_singlebeat.observe.decisions import FIELDS
 from celery_singlebeat.singleton.runtime import runtime_for
-from celery_singlebeat.slots import slot_task_id
 from celery_singlebeat.store.base import Lease, SlotKey
 from celery_singlebeat.testing import MemoryStore
+from celery_singlebeat.timeline.clock import US
+from celery_singlebeat.timeline.slots import slot_task_id
 
 # the neighbouring suites' fixtures, found here by pytest under these names
 harness_for = test_scheduler.harness_for

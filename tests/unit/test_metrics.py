@@ -28,16 +28,16 @@ from test_scheduler import BrokenProducer, Harness, every, harness_for  # noqa: 
 from test_singleton import SLOT_US, make_hold, slot_apply, wait_until
 
 from celery_singlebeat import ConfigurationError
-from celery_singlebeat.health import Health
-from celery_singlebeat.metrics import (
+from celery_singlebeat.observe.health import Health
+from celery_singlebeat.observe.metrics import (
     Metrics,
     WorkerMetrics,
     metric_names,
     multiprocess_registry,
 )
+from celery_singlebeat.observe.telemetry import Fanout, Telemetry
 from celery_singlebeat.singleton.runtime import forget, set_store
 from celery_singlebeat.store.base import Claim, Lease
-from celery_singlebeat.telemetry import Fanout, Telemetry
 from celery_singlebeat.testing import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]

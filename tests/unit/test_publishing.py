@@ -15,7 +15,7 @@ from kombu import Connection, Queue
 from kombu.messaging import Producer
 from test_scheduler import SECOND, Harness, every, harness_for  # noqa: F401
 
-from celery_singlebeat.publishing import GROUP_SIZE, PublishGroup, skip_declared
+from celery_singlebeat.engine.publishing import GROUP_SIZE, PublishGroup, skip_declared
 
 
 class PipelinedProducer(Producer):  # type: ignore[misc]

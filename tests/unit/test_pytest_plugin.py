@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_singlebeat.simulation import SentRun, Simulation, assert_runs
+from celery_singlebeat.testing.simulation import SentRun, Simulation, assert_runs
 
 pytest_plugins = ["pytester"]
 
@@ -53,7 +53,7 @@ def test_a_wrong_expectation_fails_naming_the_missing_and_unexpected_runs(
     pytester.makepyfile(
         test_user="""
         from datetime import datetime, timezone
-        from celery_singlebeat.simulation import assert_runs
+        from celery_singlebeat.testing.simulation import assert_runs
 
         def test_nightly(singlebeat_simulate):
             # the author wrote the wall time as UTC, and forgot the spring change

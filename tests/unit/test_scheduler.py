@@ -30,13 +30,13 @@ from kombu.messaging import Producer
 from kombu.simple import SimpleQueue
 
 from celery_singlebeat import ConfigurationError, SingleBeatScheduler, signals
-from celery_singlebeat.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
 from celery_singlebeat.engine import Environment
+from celery_singlebeat.engine.sharing import first_replicas
 from celery_singlebeat.exceptions import StoreUnavailable
-from celery_singlebeat.sharing import first_replicas
-from celery_singlebeat.slots import SLOT_HEADER, slot_task_id
 from celery_singlebeat.store.base import Claim, SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryScheduler, MemoryStore
+from celery_singlebeat.timeline.clock import US, DatabaseClock, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.slots import SLOT_HEADER, slot_task_id
 
 TASK = "sbtest.probe"
 SECOND = timedelta(seconds=1)

@@ -18,8 +18,7 @@ from datetime import timedelta
 import pytest
 from test_scheduler import SECOND, Harness, every, harness_for  # noqa: F401
 
-from celery_singlebeat.membership import LIVE_SLACK_US, live_within_us, replica_live
-from celery_singlebeat.sharing import (
+from celery_singlebeat.engine.sharing import (
     BUCKETS,
     FALLBACK_DELAY_US,
     bucket_of,
@@ -32,6 +31,7 @@ from celery_singlebeat.sharing import (
     weights,
 )
 from celery_singlebeat.testing import MemoryScheduler
+from celery_singlebeat.timeline.membership import LIVE_SLACK_US, live_within_us, replica_live
 
 FALLBACK = timedelta(microseconds=FALLBACK_DELAY_US)
 HOUR = timedelta(hours=1)

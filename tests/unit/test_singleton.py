@@ -32,7 +32,6 @@ from celery_singlebeat import (
     StoreUnavailable,
     signals,
 )
-from celery_singlebeat.clock import US
 from celery_singlebeat.singleton.heartbeat import heartbeat
 from celery_singlebeat.singleton.keys import MAX_KEY_LENGTH, compute_key
 from celery_singlebeat.singleton.runtime import (
@@ -43,9 +42,10 @@ from celery_singlebeat.singleton.runtime import (
     set_store,
 )
 from celery_singlebeat.singleton.task import REPUBLISH_INTERVAL, _check_settings_at_start
-from celery_singlebeat.slots import SLOT_HEADER, slot_header, slot_task_id
 from celery_singlebeat.store.base import Busy, Lease, Run, RunStatus, SlotKey
 from celery_singlebeat.testing import FakeClock, MemoryStore
+from celery_singlebeat.timeline.clock import US
+from celery_singlebeat.timeline.slots import SLOT_HEADER, slot_header, slot_task_id
 
 SLOT_US = 1_700_000_000_000_000
 

@@ -21,9 +21,7 @@ from celery.schedules import crontab
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
-from celery_singlebeat.schedule_spec import sequence_of, spec_of
-from celery_singlebeat.slot_bounds import (
+from celery_singlebeat.timeline.bounds import (
     At,
     AtSequence,
     BoundedSchedule,
@@ -33,7 +31,14 @@ from celery_singlebeat.slot_bounds import (
     bounded_sequence,
     jitter_offset_us,
 )
-from celery_singlebeat.slots import CronSequence, IntervalSequence, SlotSequence, sequence_for
+from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.schedule_spec import sequence_of, spec_of
+from celery_singlebeat.timeline.slots import (
+    CronSequence,
+    IntervalSequence,
+    SlotSequence,
+    sequence_for,
+)
 
 UTC = timezone.utc
 MINUTE_US = 60 * US

@@ -1,4 +1,4 @@
-"""Slot sequences and the missed-run policy (celery_singlebeat.slots).
+"""Slot sequences and the missed-run policy (celery_singlebeat.timeline.slots).
 
 Intervals must give the same grid on every replica and across restarts, schedules
 must convert the way Celery's own ScheduleEntry converts them, estimate-based
@@ -24,9 +24,9 @@ from celery.schedules import crontab, schedule, solar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
 from celery_singlebeat.exceptions import ScheduleError
-from celery_singlebeat.slots import (
+from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.slots import (
     CronSequence,
     EstimateSequence,
     IntervalSequence,

@@ -29,11 +29,11 @@ from celery.schedules import schedule as interval
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
 from celery_singlebeat import ConfigurationError, signals
-from celery_singlebeat.clock import US, datetime_to_us
 from celery_singlebeat.engine import Environment
-from celery_singlebeat.slots import sequence_for
 from celery_singlebeat.sources import EntryDefinition
 from celery_singlebeat.testing import MemoryScheduler, MemorySource
+from celery_singlebeat.timeline.clock import US, datetime_to_us
+from celery_singlebeat.timeline.slots import sequence_for
 
 #: the replicas sleep at most this long (beat_max_loop_interval) plus the
 #: wake-up jitter: a change is seen by every replica within it

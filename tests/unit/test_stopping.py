@@ -16,7 +16,7 @@ import pytest
 from test_scheduler import Harness, every, harness_for  # noqa: F401 - fixture
 
 from celery_singlebeat import signals
-from celery_singlebeat.stopping import STOP_SIGNALS, stop_deferred
+from celery_singlebeat.beat.stopping import STOP_SIGNALS, stop_deferred
 
 
 class Stopped(Exception):

@@ -21,8 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dst import CHANGES, SINGLE_RUNS, Change, expected_runs, schedule_specs
 
-from celery_singlebeat.catalog import describe
-from celery_singlebeat.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.exceptions import InvalidEntry, ScheduleError
 from celery_singlebeat.schedules import (
     At,
@@ -47,9 +46,10 @@ from celery_singlebeat.schedules.definition import (
 )
 from celery_singlebeat.schedules.runs import definition_of_row
 from celery_singlebeat.schedules.spec import WRITTEN_FIELDS
-from celery_singlebeat.slots import MissedPolicy, sequence_for
 from celery_singlebeat.sources import check_definition
 from celery_singlebeat.store.values import EDITABLE, ScheduleRow
+from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
+from celery_singlebeat.timeline.slots import MissedPolicy, sequence_for
 
 UTC = timezone.utc
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)

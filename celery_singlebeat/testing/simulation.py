@@ -40,12 +40,12 @@ from kombu.connection import Connection
 from kombu.simple import SimpleQueue
 from kombu.transport import memory, virtual
 
-from . import signals
-from .clock import US, datetime_to_us, us_to_datetime
-from .engine import Environment
-from .slots import SLOT_HEADER
-from .telemetry import NOTHING, Telemetry
-from .testing import DEFAULT_START, FakeClock, MemoryScheduler, MemoryStore
+from .. import signals
+from ..engine import Environment
+from ..observe.telemetry import NOTHING, Telemetry
+from ..timeline.clock import US, datetime_to_us, us_to_datetime
+from ..timeline.slots import SLOT_HEADER
+from .memory import DEFAULT_START, FakeClock, MemoryScheduler, MemoryStore
 
 __all__ = [
     "DatabaseDown",
@@ -173,7 +173,7 @@ class Fleet:
     """``replicas`` beat replicas of ``app``, on a fake clock and a memory store.
 
     ``start`` sets the clock (default: the clock's own time, or
-    :data:`~celery_singlebeat.testing.DEFAULT_START` for a new clock). Move
+    :data:`~celery_singlebeat.testing.memory.DEFAULT_START` for a new clock). Move
     time with :meth:`run_until` (every replica ticks when it would wake, as
     ``celery beat`` does) or by hand with :meth:`advance` and :meth:`tick`.
     :attr:`sent` lists every run that reached the broker, in order.
@@ -214,7 +214,7 @@ class Fleet:
         with _open_guard:
             if _open_fleet:
                 raise RuntimeError(
-                    "another celery_singlebeat.simulation.Fleet is open in this process: "
+                    "another celery_singlebeat.testing.simulation.Fleet is open in this process: "
                     "close it first (a fleet switches its app's task_always_eager off)"
                 )
             _open_fleet.append(self)

@@ -31,9 +31,9 @@ from typing import Any
 
 from celery.schedules import crontab, solar
 
+from ..exceptions import ScheduleError
+from .bounds import At, BoundedSchedule, Bounds, bounded_sequence
 from .clock import US, us_to_datetime
-from .exceptions import ScheduleError
-from .slot_bounds import At, BoundedSchedule, Bounds, bounded_sequence
 from .slots import SlotSequence, period_of, sequence_for
 
 #: the keys of a spec's ``bounds``, each an int (``jitter_key``: a str)

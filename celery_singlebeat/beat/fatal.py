@@ -21,8 +21,8 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
+from ..exceptions import ConfigurationError
 from .embedded import stop_worker
-from .exceptions import ConfigurationError
 
 #: the attribute that marks an error for the one-line report
 _MARK = "_singlebeat_one_line"

@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from .config import ENTRY_OPTIONS, parse_missed_policy
-from .exceptions import ConfigurationError
-from .slots import MissedPolicy
-from .sources import EntryDefinition, EntrySource, check_definition
+from ..config import ENTRY_OPTIONS, parse_missed_policy
+from ..exceptions import ConfigurationError
+from ..sources import EntryDefinition, EntrySource, check_definition
+from ..timeline.slots import MissedPolicy
 
 #: ``options`` keys of a beat_schedule entry that configure us (never sent on).
 ENTRY_OPTION_PREFIX = "singlebeat_"

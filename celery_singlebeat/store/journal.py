@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
-from .store.base import Claim
+from .base import Claim
 
 _T = TypeVar("_T")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from datetime import tzinfo
 
-from .schedule_spec import sequence_of, spec_of
-from .store.base import CatalogEntry
+from ..store.base import CatalogEntry
+from ..timeline.schedule_spec import sequence_of, spec_of
 
 #: the catalog's column widths (store/schema.py)
 MAX_TASK = 255

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from .clock import us_to_datetime
-from .store.base import Claim, SlotKey
+from ..store.base import Claim, SlotKey
+from ..timeline.clock import us_to_datetime
 
 # -- the scheduler (logger celery_singlebeat.scheduler) ------------------------
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .config import Settings
+from ..config import Settings
 
 
 def create_schema(
@@ -26,7 +26,7 @@ def create_schema(
     privileged user's URL. Idempotent and safe to run while replicas are
     starting. Returns the database URL with its password masked.
     """
-    from .store.sql import SqlStore
+    from .sql import SqlStore
 
     overrides: dict[str, Any] = {}
     if isinstance(app_or_url, (str, URL)):

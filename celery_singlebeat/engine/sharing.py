@@ -3,7 +3,7 @@
 Every replica still proposes every slot, and the database still decides each
 one by its unique key: sharing only changes *when* a replica proposes. Each
 entry has one *first* replica among the live replicas (the replica rows the
-heartbeat reads, :func:`celery_singlebeat.membership.replica_live`), the same
+heartbeat reads, :func:`celery_singlebeat.timeline.membership.replica_live`), the same
 on every replica that sees the same set (:func:`first_replicas`): it proposes
 the entry's slots as soon as they are due. Every other replica proposes them
 :data:`FALLBACK_DELAY_US` later, and so sends them only if the first replica

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .telemetry import NOTHING, SINGLETON_NOTHING, Fanout, SingletonTelemetry, Telemetry
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from ..config import Settings
 
 
 def _prometheus_installed() -> bool:
@@ -76,7 +76,7 @@ def for_scheduler(settings: Settings) -> Telemetry:
         try:
             metrics = Metrics(settings.metrics_registry, settings.metrics_entry_label)
         except ValueError as exc:  # prometheus_client: "Duplicated timeseries"
-            from .exceptions import ConfigurationError
+            from ..exceptions import ConfigurationError
 
             for part in parts:
                 part.close()

@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .store.base import Claim, SlotKey
+    from ..store.base import Claim, SlotKey
 
 
 class Telemetry:

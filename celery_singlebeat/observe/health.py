@@ -32,13 +32,12 @@ from __future__ import annotations
 import os
 import time
 
-from .exceptions import ConfigurationError
-from .telemetry import Telemetry
+from ..exceptions import ConfigurationError
 
 # The default bounds derive from the loop's worst honest case; they live in
 # timing.py, the leaf the configuration, the scheduler and the store share,
 # and stay importable from here, where docs/reference/api.md documents them.
-from .timing import (
+from ..timeline.timing import (
     ANSWER_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
     LIVE_HEARTBEATS,
@@ -49,6 +48,7 @@ from .timing import (
     default_readiness_timeout_s,
     sweep_period_s,
 )
+from .telemetry import Telemetry
 
 #: the status file is rewritten at most this often (and at once on a change of
 #: outage or schema state), so it costs nothing at 10,000 slots a second

@@ -35,8 +35,8 @@ from datetime import date, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ..exceptions import ScheduleError
 from .clock import US, datetime_to_us, us_to_datetime
-from .exceptions import ScheduleError
 
 # Offsets change by at most this much at a transition (real zones: 30 min to 2 h);
 # a candidate this far past the first match in wall time cannot map to an earlier

@@ -32,7 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from .store.base import Claim, SlotKey
+from ..store.base import Claim, SlotKey
 from .telemetry import SingletonTelemetry, Telemetry
 
 #: dispatch delay (slot instant to broker accept): on time is milliseconds; a
@@ -320,7 +320,7 @@ def multiprocess_registry() -> CollectorRegistry:
     from prometheus_client import multiprocess
 
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from .exceptions import ConfigurationError
+        from ..exceptions import ConfigurationError
 
         raise ConfigurationError(
             "PROMETHEUS_MULTIPROC_DIR is not set: set it to an empty directory, the same "

@@ -3,7 +3,7 @@
 A stored schedule (``celery_singlebeat.schedules``) is a Celery schedule plus
 limits a person sets on it: runs only from ``start`` and until ``end``, at
 most ``max_runs`` runs, each run moved later by a deterministic jitter, or one
-run at an instant. Each limit is a :class:`~celery_singlebeat.slots.SlotSequence`
+run at an instant. Each limit is a :class:`~celery_singlebeat.timeline.slots.SlotSequence`
 wrapping another, so the engine, the fleet's status and ``next_runs`` all
 compute one set of instants from one rule, and every replica finds the same:
 
@@ -262,7 +262,7 @@ class At:
     """The schedule of one run at an instant (an aware datetime, kept in UTC).
 
     Not a Celery schedule: the replicas compute its one slot through the
-    :func:`~celery_singlebeat.slots.sequence_for` hook (``slot_sequence``).
+    :func:`~celery_singlebeat.timeline.slots.sequence_for` hook (``slot_sequence``).
     """
 
     at: datetime
@@ -325,9 +325,9 @@ class BoundedSchedule:
     """A schedule (Celery's, or :class:`At`) within :class:`Bounds`.
 
     Its slots are :func:`bounded_sequence`'s, through the ``slot_sequence``
-    hook of :func:`~celery_singlebeat.slots.sequence_for`; the catalog
+    hook of :func:`~celery_singlebeat.timeline.slots.sequence_for`; the catalog
     describes it by its inner schedule and its bounds
-    (:func:`celery_singlebeat.schedule_spec.spec_of`), and the fleet rebuilds
+    (:func:`celery_singlebeat.timeline.schedule_spec.spec_of`), and the fleet rebuilds
     the same sequence from that spec.
     """
 

@@ -5,7 +5,8 @@ thread of its own (the standard library's ``ThreadingHTTPServer``, one thread
 per request), so a hung tick does not stop it answering: ``/livez`` then says
 how long ago the loop last ran, which is the point of asking. Stopped by the
 scheduler's ``close()``. The same server, without the probes, exposes a
-prefork worker's multiprocess metrics (:func:`celery_singlebeat.metrics.serve_multiprocess`).
+prefork worker's multiprocess metrics
+(:func:`celery_singlebeat.observe.metrics.serve_multiprocess`).
 
 Nothing here prints a setting's value beyond the bind address and the port:
 the bodies are the probes' one-line verdicts and the metrics' text.
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 from .telemetry import Telemetry
 
 logger = logging.getLogger("celery_singlebeat.listener")

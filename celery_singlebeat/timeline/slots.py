@@ -32,9 +32,9 @@ from typing import Any, Protocol
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 
+from ..exceptions import ScheduleError
 from .clock import US, datetime_to_us, us_to_datetime
 from .cron import CronFields
-from .exceptions import ScheduleError
 
 #: Namespace of the deterministic task ids (uuid5 of entry name and slot instant).
 TASK_ID_NAMESPACE = uuid.UUID("0b6c8a52-5f0e-4c1c-9a57-6b3c0c4f2d11")
