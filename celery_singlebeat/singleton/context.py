@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..exceptions import LeaseLost
 from ..store.singleton_store import SingletonStore
 from ..timeline.clock import us_to_datetime
+from ..timeline.slots import SLOT_HEADER
 from .writeback import through_reconnect
+
+logger = logging.getLogger("celery_singlebeat.singleton")
 
 _local = threading.local()
 
@@ -111,3 +115,17 @@ def current(task_name: str) -> Singleton | None:
         if singleton.task_name == task_name:
             return singleton  # type: ignore[no-any-return]
     return None
+
+
+def slot_of(request: Any) -> SlotInfo | None:
+    """The slot a scheduler-sent message carries (None for other messages)."""
+    header = getattr(request, SLOT_HEADER, None)
+    if header is None:
+        header = (getattr(request, "headers", None) or {}).get(SLOT_HEADER)
+    if not isinstance(header, dict):
+        return None
+    entry, at_us = header.get("entry"), header.get("at_us")
+    if not isinstance(entry, str) or not isinstance(at_us, int) or isinstance(at_us, bool):
+        logger.warning("singlebeat: ignoring a malformed %s header: %r", SLOT_HEADER, header)
+        return None
+    return SlotInfo(entry, at_us)

@@ -38,9 +38,8 @@ from ..observe.decisions import run_fields, slot_text
 from ..store.singleton_store import SingletonStore
 from ..store.values import Busy, Lease, Run, RunStatus
 from ..timeline.clock import US, us_to_datetime
-from ..timeline.slots import SLOT_HEADER
 from . import context
-from .context import Singleton, SlotInfo
+from .context import Singleton, SlotInfo, slot_of
 from .heartbeat import Held, heartbeat
 from .keys import (
     KeyOption,
@@ -49,6 +48,8 @@ from .keys import (
     compute_key,
     parse_ttl,
 )
+from .retrying import REPUBLISH_INTERVAL as REPUBLISH_INTERVAL
+from .retrying import retry_through_broker
 from .runtime import PRUNE_TURN_US, Runtime, runtime_for
 from .writeback import through_reconnect
 
@@ -59,10 +60,6 @@ UNAVAILABLE_RETRY_DELAY = 5.0
 #: statements a start tries when each meets a reconnect (ConnectionReplaced):
 #: more in a row means the database is flapping, an outage for the task
 RECONNECTS = 3
-#: How often a retry whose message the broker did not take is published again
-#: (seconds): the broker's return is met within about this, plus the
-#: publish's own retries (``task_publish_retry_policy``).
-REPUBLISH_INTERVAL = 1.0
 
 
 def _is_concrete(cls: type) -> bool:
@@ -180,81 +177,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         body's lease stays held and renewed); with the broker away the worker
         receives no new messages anyway (docs/guarantees.md, "Broker
         unreachable")."""
-        began = time.monotonic()
-        give_up_at = began + self.singleton_broker_patience
-        attempts = 0
-        while True:
-            attempts += 1
-            # as asked at the first try; then less the time waited for the broker
-            left = countdown
-            if countdown is not None and attempts > 1:
-                left = max(0.0, countdown - (time.monotonic() - began))
-            try:
-                retried = super().retry(args, kwargs, exc, throw, eta, left, max_retries, **options)
-            except Reject as rejected:
-                # Celery's retry raises Reject(<publish error>, requeue=False)
-                # from its except clause: anything else is not a failed publish
-                failure = rejected.reason
-                if rejected.requeue or failure is None or rejected.__context__ is not failure:
-                    raise
-                if time.monotonic() + REPUBLISH_INTERVAL > give_up_at:
-                    self._retry_dropped(failure, attempts, time.monotonic() - began)
-                    raise
-                if attempts == 1:
-                    self._retry_unpublished(failure)
-                time.sleep(REPUBLISH_INTERVAL)
-                continue
-            except Retry:
-                if attempts > 1:
-                    self._retry_published(attempts, time.monotonic() - began)
-                raise
-            if attempts > 1:
-                self._retry_published(attempts, time.monotonic() - began)
-            return retried
-
-    def _retry_log(self) -> tuple[str, str, SlotInfo | None, str]:
-        """Task id, owner, slot and key of the request a retry is for."""
-        request = self.request
-        key = "?"
-        with contextlib.suppress(Exception):  # a log line must not fail the retry
-            key = self.singleton_key_for(request.args, request.kwargs)
-        return str(request.id), runtime_for(self.app).owner, _slot_of(request), key
-
-    def _retry_unpublished(self, failure: object) -> None:
-        task_id, owner, slot, key = self._retry_log()
-        logger.warning(
-            "singlebeat: %s[%s]: the broker did not take the retry (%s); publishing it again "
-            "every %gs for up to %gs rather than dropping the message",
-            self.name,
-            task_id,
-            failure,
-            REPUBLISH_INTERVAL,
-            self.singleton_broker_patience,
-            extra=run_fields(decisions.RETRY_UNPUBLISHED, owner, task_id, key, slot),
-        )
-
-    def _retry_published(self, attempts: int, waited: float) -> None:
-        logger.info(
-            "singlebeat: %s[%s]: the retry was published after %d attempts (%.1fs)",
-            self.name,
-            self.request.id,
-            attempts,
-            waited,
-        )
-
-    def _retry_dropped(self, failure: object, attempts: int, waited: float) -> None:
-        task_id, owner, slot, key = self._retry_log()
-        what = f"slot {slot.entry}@{slot_text(slot.slot_us)}" if slot else "the call"
-        logger.error(
-            "singlebeat: %s[%s]: the broker did not take the retry in %d attempts over "
-            "%.1fs (%s): %s is dropped (Celery rejects the message without requeueing it)",
-            self.name,
-            task_id,
-            attempts,
-            waited,
-            failure,
-            what,
-            extra=run_fields(decisions.RETRY_DROPPED, owner, task_id, key, slot),
+        publish = super().retry
+        return retry_through_broker(
+            self,
+            lambda left: publish(args, kwargs, exc, throw, eta, left, max_retries, **options),
+            countdown,
         )
 
     @property
@@ -274,7 +201,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             # task(...) is a plain function call: no message, no lease
             return super().__call__(*args, **kwargs)
         key = self.singleton_key_for(args, kwargs)
-        slot = _slot_of(request)
+        slot = slot_of(request)
         runtime = runtime_for(self.app)
         ttl_us = self._singleton_ttl_us
         task_id = str(request.id)
@@ -582,17 +509,3 @@ def _check_settings_at_start(sender: Any = None, **_: Any) -> None:
 
 
 worker_init.connect(_check_settings_at_start, weak=False)
-
-
-def _slot_of(request: Any) -> SlotInfo | None:
-    """The slot a scheduler-sent message carries (None for other messages)."""
-    header = getattr(request, SLOT_HEADER, None)
-    if header is None:
-        header = (getattr(request, "headers", None) or {}).get(SLOT_HEADER)
-    if not isinstance(header, dict):
-        return None
-    entry, at_us = header.get("entry"), header.get("at_us")
-    if not isinstance(entry, str) or not isinstance(at_us, int) or isinstance(at_us, bool):
-        logger.warning("singlebeat: ignoring a malformed %s header: %r", SLOT_HEADER, header)
-        return None
-    return SlotInfo(entry, at_us)
