@@ -3,6 +3,10 @@
 A test that needs a service skips when the service is absent, except in CI
 (``CI=true``), where an absent service is a failure: a green CI run must mean
 every backend was exercised.
+
+What only the acceptance tests use (the ``rig``, the RabbitMQ URL) is in
+tests/acceptance/conftest.py, which hands on this module's ``__all__``: see
+there why.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,6 +26,27 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import URL, Engine, make_url
+
+#: what test modules, harness.py and tests/fleet_rows.py import from ``conftest``
+__all__ = [
+    "AMQP_URL",
+    "IN_CI",
+    "MYSQL_URL",
+    "PG_URL",
+    "REDIS_URL",
+    "behind_pooler",
+    "direct_engine",
+    "drop_tables",
+    "pg_backend_of",
+    "require",
+    "service_up",
+    "shut_socket",
+]
+
+# Also importable as ``tests_conftest``: every conftest.py outside a package is
+# the module ``conftest``, and pytest replaces it with the next one it loads, so
+# tests/acceptance/conftest.py reaches this module by that second name.
+sys.modules.setdefault("tests_conftest", sys.modules[__name__])
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -193,12 +219,6 @@ def redis_url() -> str:
     return REDIS_URL
 
 
-@pytest.fixture
-def amqp_url() -> str:
-    require("rabbitmq")
-    return AMQP_URL
-
-
 @pytest.fixture(scope="session")
 def pgbouncer_url() -> Iterator[str]:
     """A PgBouncer of the test session's own, in transaction pooling mode, in
@@ -229,16 +249,3 @@ def pgbouncer_url() -> Iterator[str]:
     finally:
         subprocess.run([str(script), "stop"], env=env, check=False, capture_output=True)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Any]:
-    """The acceptance tests' ``harness.Rig`` in the test's directory: every
-    process of it stopped, every queue and table of it dropped at the end."""
-    from harness import Rig  # tests/acceptance, on the path for its tests
-
-    rig = Rig(tmp_path)
-    try:
-        yield rig
-    finally:
-        rig.close()
