@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .._version import __version__
 from ..store.base import CatalogEntry, ReplicaInfo
@@ -27,9 +27,18 @@ from .sharing import SHARE_RECHECK, live_replicas
 class Membership:
     """The heartbeat, the catalog, and when to read the live replicas again."""
 
-    def __init__(self, ctx: ReplicaContext, agenda: Agenda) -> None:
+    def __init__(
+        self,
+        ctx: ReplicaContext,
+        agenda: Agenda,
+        uncatalogued: Callable[[], frozenset[str]],
+    ) -> None:
         self.ctx = ctx
         self.agenda = agenda
+        #: the labels of the sources whose entries the catalog leaves out
+        #: (``EntrySource.catalogued`` False: a table lists them for the whole
+        #: fleet), as the change watch has them when the catalog is written
+        self._uncatalogued = uncatalogued
         #: the database clock when this process first connected (its replica row)
         self.started_us: int | None = None
         #: when to read the live replicas again (with each sweep, sooner when
@@ -39,9 +48,6 @@ class Membership:
         #: each entry's catalog row, described once: at 100,000 entries that is
         #: a second of CPU
         self._catalog: dict[str, CatalogEntry] = {}
-        #: the sources whose entries the catalog leaves out (stored schedules:
-        #: their table lists them for the whole fleet)
-        self.uncatalogued: frozenset[str] = frozenset()
 
     def beat(self, monotonic: float) -> None:
         """Record this replica's row, read the live replicas and deal the share."""
@@ -81,9 +87,10 @@ class Membership:
         described = self._catalog
         definitions = agenda.definitions
         names = definitions.keys() if changed is None else changed
+        uncatalogued = self._uncatalogued()
         for name in names:
             definition = definitions.get(name)
-            if definition is None or definition.source in self.uncatalogued:
+            if definition is None or definition.source in uncatalogued:
                 described.pop(name, None)
             elif changed is not None or name not in described:
                 described[name] = catalog.describe(

@@ -79,12 +79,14 @@ class Engine:
         self._open_store = open_store
         self.max_interval = max_interval
         self.agenda = Agenda(settings.replica_id, settings.missed, default_tz)
-        self.watch = SourceWatch(ctx, self.agenda, ())
+        # one watch for the engine's life: the steps below keep its methods,
+        # and the host's sources come to it later (use_sources)
+        self.watch = SourceWatch(ctx, self.agenda)
         self.hold = Hold(ctx)
         self.controls = Controls(ctx)
         self.feed = Feed(ctx, self.controls)
         self.held = HeldSlots()
-        self.membership = Membership(ctx, self.agenda)
+        self.membership = Membership(ctx, self.agenda, self.watch.uncatalogued)
         self.claiming = Claiming(ctx, self.agenda, self.hold, self.controls, self.held)
         self.takeover = Takeover(ctx, self.held)
         self.sending = Sending(
@@ -150,9 +152,7 @@ class Engine:
                     self.agenda.default_tz,
                 )
             )
-        self.watch = SourceWatch(self.ctx, self.agenda, sources)
-        self.sending._written_back = self.watch.written_back
-        self.membership.uncatalogued = self.watch.uncatalogued
+        self.watch.follow(sources)
 
     def load_sources(self) -> int:
         """Load every source now (a name in two sources stops beat at start-up);

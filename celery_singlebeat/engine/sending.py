@@ -66,6 +66,8 @@ class Sending:
         self.hold = hold
         self.app = app
         self._producer = producer
+        #: told which claims were confirmed: the change watch's
+        #: (SourceWatch.written_back), for the sources that keep run counts
         self._written_back = written_back
         #: published but not recorded (an outage between publish and
         #: confirm): confirmed first thing when the database is back

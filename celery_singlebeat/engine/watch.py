@@ -47,30 +47,41 @@ def _collector_paused() -> Iterator[None]:
 class SourceWatch:
     """Every source of one replica's entries, and where each stands."""
 
-    def __init__(self, ctx: ReplicaContext, agenda: Agenda, sources: Sequence[EntrySource]) -> None:
+    def __init__(
+        self, ctx: ReplicaContext, agenda: Agenda, sources: Sequence[EntrySource] = ()
+    ) -> None:
         self.ctx = ctx
         self.agenda = agenda
-        self.sources = list(sources)
-        #: each source by its label: an entry's ``source`` names its owner, so
-        #: no second map of 100,000 names is kept
-        self._by_label: dict[str, EntrySource] = {}
-        for source in self.sources:
-            if source.label in self._by_label:
+        self.follow(sources)
+
+    def follow(self, sources: Sequence[EntrySource]) -> None:
+        """Follow ``sources`` from now on, from nothing loaded (the host hands
+        them once, before the first connection: the Celery adapter builds
+        them in ``setup_schedule``, after the engine). The watch itself stays:
+        the steps given its methods at construction keep them."""
+        by_label: dict[str, EntrySource] = {}
+        for source in sources:
+            if source.label in by_label:
                 raise ConfigurationError(
                     f"two entry sources are labelled {source.label!r}: give each its own label"
                 )
-            self._by_label[source.label] = source
+            by_label[source.label] = source
+        self.sources = list(sources)
+        #: each source by its label: an entry's ``source`` names its owner, so
+        #: no second map of 100,000 names is kept
+        self._by_label = by_label
         self._cursors: list[object] = [None] * len(self.sources)
         #: the sources' entries as first loaded, until the agenda holds them
         #: (None: not loaded yet)
         self._loaded: list[EntryDefinition] | None = None
         self._tracking = False
         self._writes_back = any(s.writes_back for s in self.sources)
+        self._uncatalogued = frozenset(s.label for s in self.sources if not s.catalogued)
         #: changed definitions held back to the end of the tick
         #: (apply_deferred), each with the definition it replaces
         self._deferred: dict[str, tuple[EntryDefinition, EntryState, EntryDefinition]] = {}
         #: the names registered during the failover window (register_again)
-        self.registered: Journal[str] = Journal(ctx.settings.failover_window.total_seconds())
+        self.registered: Journal[str] = Journal(self.ctx.settings.failover_window.total_seconds())
 
     def load(self) -> list[EntryDefinition]:
         """Every source's entries: loaded once per process (a ConfigurationError
@@ -107,10 +118,10 @@ class SourceWatch:
             return definition
         return definition._replace(source=source.label)
 
-    @property
     def uncatalogued(self) -> frozenset[str]:
-        """The labels of the sources whose entries no catalog lists."""
-        return frozenset(s.label for s in self.sources if not s.catalogued)
+        """The labels of the sources whose entries no catalog lists
+        (:attr:`EntrySource.catalogued` False)."""
+        return self._uncatalogued
 
     def reconnected(self) -> None:
         """The connection was made again (perhaps to another database): each
