@@ -3,12 +3,13 @@
 The engine decides *when* a slot is due and *who* sends it; a source says
 *what* runs. Celery's ``beat_schedule`` is the first source
 (:class:`~celery_singlebeat.beat.source.BeatScheduleSource`); stored schedules
-and django-celery-beat's models are the next ones. A source hands the engine
-its full set of entries once, when the replica connects, and from then on the
-changes since a cursor it returns with each answer, as often as the engine
-asks (once a tick). Each entry is an :class:`EntryDefinition` with a revision
-that changes whenever the definition does, and names the source it came from,
-so that every message about an entry can say where to fix it.
+(:class:`~celery_singlebeat.schedules.source.StoredSource`) the second, and
+django-celery-beat's models the next. A source hands the engine its full set
+of entries once, when the replica connects, and from then on the changes since
+a cursor it returns with each answer, as often as the engine asks (once a
+tick). Each entry is an :class:`EntryDefinition` with a revision that changes
+whenever the definition does, and names the source it came from, so that every
+message about an entry can say where to fix it.
 
 What the engine guarantees for entries that come, change and go while it
 runs (docs/algorithm.md, "Entry sources"):
@@ -45,6 +46,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .exceptions import ConfigurationError, ScheduleError
+from .store.values import Written
 from .store.widths import MAX_ENTRY_NAME
 from .timeline.slots import MissedPolicy, sequence_for
 
@@ -52,17 +54,32 @@ from .timeline.slots import MissedPolicy, sequence_for
 class EntryDefinition(NamedTuple):
     """One entry as a source defines it: what to send, and when.
 
-    ``schedule`` is a Celery schedule (``crontab``, ``schedule``/``timedelta``,
-    ``solar``, or one whose ``remaining_estimate()`` says when it runs next).
-    ``options`` are the ``apply_async`` options sent with each run (never the
-    ``singlebeat_*`` keys, which configure us). ``policy`` and ``tz`` are None
-    for the replica's defaults (``singlebeat_missed_*``, Celery's timezone).
-    ``revision`` changes whenever anything else does; ``source`` names where
-    the entry came from, in messages (``beat_schedule``). ``since_us`` is the
-    instant (the database's clock, microseconds since the epoch) from which
-    this definition is in force: no slot at or before it is sent under it,
-    whichever replica starts tracking it and however late; None for no such
-    bound (``beat_schedule``: a definition is as old as its process).
+    What the engine does with each field:
+
+    * ``name``: the entry's key in the slot table (a slot is one name and one
+      instant, whichever source and version proposed it), so it is unique
+      across every source of a replica and at most ``MAX_ENTRY_NAME`` bytes;
+    * ``task``, ``args``, ``kwargs``, ``options``: what each run sends.
+      ``options`` are the ``apply_async`` options (never the ``singlebeat_*``
+      keys, which configure us);
+    * ``schedule``: a Celery schedule (``crontab``, ``schedule``/``timedelta``,
+      ``solar``, or one whose ``remaining_estimate()`` says when it runs next)
+      from which every replica computes the same instants;
+    * ``policy`` and ``tz``: the missed-run policy and the time zone of a
+      crontab's instants; None for the replica's defaults
+      (``singlebeat_missed_*``, Celery's timezone);
+    * ``revision``: changes whenever anything else does. The engine compares
+      whole definitions to tell a change; the revision is the source's, for
+      the source's own use (:meth:`EntrySource.written`);
+    * ``source``: the label of the source it came from (the engine sets it
+      to :attr:`EntrySource.label` if it differs), in every message about the
+      entry, and to find the source again (:meth:`EntrySource.written`,
+      :meth:`EntrySource.sent`, ``catalogued``);
+    * ``since_us``: the instant (the database's clock, microseconds since the
+      epoch) from which this definition is in force: no slot at or before it
+      is sent under it, whichever replica starts tracking it and however late;
+      None for no such bound (``beat_schedule``: a definition is as old as its
+      process).
     """
 
     name: str
@@ -112,9 +129,18 @@ class EntrySource(ABC):
     cursor it was given, in order; reporting one twice is harmless (an ADDED
     for a known name is taken as CHANGED, a CHANGED for an unknown one as
     ADDED, a REMOVED of an unknown one is ignored).
+
+    Every method is called on the scheduler's thread, between two statements
+    of the tick: :meth:`load` once, then :meth:`changes` once a tick,
+    :meth:`reconnected` after each broken connection, :meth:`written` for each
+    entry the tick claims, :meth:`sent` after each confirm. Only
+    :meth:`load` is abstract.
     """
 
-    #: the source's name in messages ("beat_schedule")
+    #: the source's name in messages ("beat_schedule"), and how the engine
+    #: finds the source of a definition again (its ``source`` field): two
+    #: sources of one replica may not share a label (a ConfigurationError
+    #: when they are handed to the engine)
     label: str = "source"
 
     @abstractmethod
@@ -129,8 +155,14 @@ class EntrySource(ABC):
     def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
         """The changes since ``cursor`` and the cursor after them.
 
-        Called once a tick, so it must be cheap when nothing changed. A source
-        that never changes (``beat_schedule``) keeps this default.
+        Called once a tick while the replica is connected (the first time with
+        the cursor :meth:`load` returned), so it must be cheap when nothing
+        changed. The engine applies the changes at once (the last change of a
+        name wins) and passes the returned cursor to the next call. A
+        definition that fails :func:`check_definition` (unless the source says
+        ``definitions_checked``) is logged at ERROR and ignored, the previous
+        one staying in force. A source that never changes (``beat_schedule``)
+        keeps this default.
         """
         return (), cursor
 
@@ -159,14 +191,33 @@ class EntrySource(ABC):
     #: was a quarter of a replica's start-up with 100,000 stored entries
     definitions_checked: bool = False
 
+    def written(self, definition: EntryDefinition) -> Written | None:
+        """The write of the store's schedules table that ``definition`` came
+        from (:class:`~celery_singlebeat.store.values.Written`: its revision
+        and the database's instant of it); None, this default, for a
+        definition the store keeps no write of (``beat_schedule``, a source
+        with tables of its own).
+
+        Called for each entry whose slots the tick claims, so it must be cheap
+        (no statement). The engine passes the writes to the claim
+        (:meth:`~celery_singlebeat.store.slot_store.SlotStore.claim`'s
+        ``revisions``), and the store refuses a slot of such an entry once its
+        row in the schedules table is another write made more than
+        ``STALE_DEFINITION_US`` (a second) before the later of the slot's
+        instant and the database's now: a replica that has not yet seen an
+        edit sends no slot under the definition it replaced. Stored schedules
+        answer their row's revision and write instant.
+        """
+        return None
+
     #: whether :meth:`sent` does anything: the engine skips the call otherwise
     writes_back: bool = False
 
     def sent(self, definition: EntryDefinition, slot_us: Sequence[int]) -> None:  # noqa: B027
         """Called after slots of ``definition`` were published and recorded
         (the database's clock; microseconds since the epoch), for a source that
-        keeps a run count or a last-run time. Must not raise: the slots are
-        sent whatever it does."""
+        keeps a run count or a last-run time (``writes_back`` True). Must not
+        raise: the slots are sent whatever it does (an exception is logged)."""
 
 
 def check_definition(definition: EntryDefinition, tz: Any, now_us: int) -> None:

@@ -12,13 +12,13 @@ clock: planned again), or lost to another replica.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ..exceptions import StoreUnavailable
 from ..observe import decisions
 from ..observe.decisions import batch_fields, slot_fields, slot_text
-from ..schedules.source import LABEL as STORED
+from ..sources import EntryDefinition
 from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Written
 from ..timeline.clock import US
 from ..timeline.slots import Plan, plan_due, slot_task_id
@@ -54,25 +54,33 @@ class Claiming:
         hold: Hold,
         controls: Controls,
         held: HeldSlots,
+        written: Callable[[EntryDefinition], Written | None],
     ) -> None:
         self.ctx = ctx
         self.agenda = agenda
         self.hold = hold
         self.controls = controls
         self.held = held
+        #: the write of the store's schedules table a definition came from, as
+        #: its source says (EntrySource.written); None for most sources
+        self._written = written
 
     def _revisions(self, names: Iterable[str]) -> dict[str, Written] | None:
-        """The write each due stored entry is proposed under (its revision and
-        the instant of that write, which together name one definition also
-        after a promoted standby reused the number): the claim refuses its
-        slots once the database holds a definition replaced more than a second
-        before (SlotStore.claim)."""
+        """The write each due entry is proposed under, for those whose source
+        names one (stored schedules: the revision and the instant of that
+        write, which together name one definition also after a promoted
+        standby reused the number): the claim refuses their slots once the
+        database holds a definition replaced more than a second before
+        (SlotStore.claim)."""
         definitions = self.agenda.definitions
+        written_by = self._written
         revisions = {}
         for name in names:
             definition = definitions.get(name)
-            if definition is not None and definition.source == STORED:
-                revisions[name] = Written(int(definition.revision), definition.since_us or 0)
+            if definition is not None:
+                written = written_by(definition)
+                if written is not None:
+                    revisions[name] = written
         return revisions or None
 
     def claim_due(self) -> Claimed | None:
@@ -122,8 +130,8 @@ class Claiming:
         started = ctx.env.monotonic()
         try:
             revisions = self._revisions([*(t.name for t in due), *(k.entry for k in recovering)])
-            # a store of an earlier release takes three arguments: only stored
-            # entries need the fourth, and such a store has none
+            # a store of an earlier release takes three arguments: only entries
+            # of the schedules table name a write, and such a store has none
             won = (
                 store.claim(ctx.replica_id, keys, ctx.settings.lease_us, revisions)
                 if revisions

@@ -87,7 +87,9 @@ class Engine:
         self.feed = Feed(ctx, self.controls)
         self.held = HeldSlots()
         self.membership = Membership(ctx, self.agenda, self.watch.uncatalogued)
-        self.claiming = Claiming(ctx, self.agenda, self.hold, self.controls, self.held)
+        self.claiming = Claiming(
+            ctx, self.agenda, self.hold, self.controls, self.held, self.watch.written
+        )
         self.takeover = Takeover(ctx, self.held)
         self.sending = Sending(
             ctx, self.agenda, self.held, self.hold, app, producer, self.watch.written_back

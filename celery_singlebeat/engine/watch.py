@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from ..exceptions import ConfigurationError
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource, check_definition
-from ..store.base import Claim, EntryState
+from ..store.base import Claim, EntryState, Written
 from ..store.journal import Journal
 from .agenda import Agenda
 from .context import ReplicaContext
@@ -122,6 +122,12 @@ class SourceWatch:
         """The labels of the sources whose entries no catalog lists
         (:attr:`EntrySource.catalogued` False)."""
         return self._uncatalogued
+
+    def written(self, definition: EntryDefinition) -> Written | None:
+        """The write of the store's schedules table ``definition`` came from,
+        as its source says (:meth:`EntrySource.written`), for the claim."""
+        source = self._by_label.get(definition.source)
+        return None if source is None else source.written(definition)
 
     def reconnected(self) -> None:
         """The connection was made again (perhaps to another database): each

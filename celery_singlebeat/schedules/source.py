@@ -30,7 +30,7 @@ from typing import Any
 from ..exceptions import ScheduleError
 from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ..store.schedule_store import ScheduleStore
-from ..store.values import ScheduleRow
+from ..store.values import ScheduleRow, Written
 from ..timeline.slots import MissedPolicy
 from .runs import LABEL, definition_of_row
 
@@ -109,6 +109,13 @@ class StoredSource(EntrySource):
             len(rows),
         )
         return self._difference(rows, 0), revision
+
+    def written(self, definition: EntryDefinition) -> Written:
+        """The row's write (its revision and instant, which together name one
+        definition also after a promoted standby reused the number): the
+        claim refuses the slots of a definition replaced in the table more
+        than a second before them (SlotStore.claim)."""
+        return Written(int(definition.revision), definition.since_us or 0)
 
     def reconnected(self, cursor: object) -> object:
         """Read everything again: after a failover the revisions go on from
