@@ -4,8 +4,10 @@ The Celery adapter. Celery builds it (twice: a lazy instance for the banner,
 then the real one), calls ``setup_schedule`` and then ``tick`` in its loop;
 this class turns those calls into the engine's (:mod:`.engine`), which
 decides when each slot is sent and by whom, and keeps the outage backoff.
-Its entries come from sources (:mod:`.sources`): Celery's ``beat_schedule``
-first (:mod:`.beat_source`), then any given to it.
+Its entries come from sources (:mod:`.sources`), which this adapter builds
+and hands to the engine: Celery's ``beat_schedule`` first
+(:mod:`.beat.source`), then any given to it, then the stored schedules
+(:mod:`.schedules.source`) unless ``singlebeat_schedules`` is off.
 
 When the database cannot be reached the replica sends nothing at all: there is
 no uncoordinated fallback (:mod:`.engine.outage`).
@@ -30,6 +32,7 @@ from .engine.outage import BACKOFF_MAX
 from .exceptions import ConfigurationError, ConnectionReplaced, StoreUnavailable
 from .observe.observers import check_for_scheduler, for_scheduler
 from .observe.telemetry import NOTHING, Telemetry
+from .schedules.source import StoredSource
 from .sources import EntryDefinition, EntrySource
 from .store.base import Store
 from .timeline.clock import US
@@ -153,7 +156,12 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
-        self.engine.use_sources([self._beat_source(self.schedule), *self._sources])
+        sources: list[EntrySource] = [self._beat_source(self.schedule), *self._sources]
+        if self.settings.schedules:
+            sources.append(
+                StoredSource(self.engine.connected_store, self.settings.missed, self.app.timezone)
+            )
+        self.engine.use_sources(sources)
         count = self.engine.load_sources()
         logger.info(
             "singlebeat: replica %s coordinating %d entries through %s "

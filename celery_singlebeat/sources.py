@@ -11,6 +11,16 @@ tick). Each entry is an :class:`EntryDefinition` with a revision that changes
 whenever the definition does, and names the source it came from, so that every
 message about an entry can say where to fix it.
 
+How a source plugs in: the host builds the list of sources and hands it to the
+engine (:meth:`celery_singlebeat.engine.Engine.use_sources`); the Celery
+adapter hands ``beat_schedule``'s, those given to it by hand, then the stored
+schedules unless ``singlebeat_schedules`` is off. The engine never imports a
+source: what differs from one source to another is said by this interface
+alone, in its methods (:meth:`EntrySource.load`, :meth:`~EntrySource.changes`,
+:meth:`~EntrySource.reconnected`, :meth:`~EntrySource.written`,
+:meth:`~EntrySource.sent`) and its class attributes (``label``,
+``catalogued``, ``definitions_checked``, ``writes_back``).
+
 What the engine guarantees for entries that come, change and go while it
 runs (docs/algorithm.md, "Entry sources"):
 

@@ -10,7 +10,9 @@ once its lease has run out and publishes it again with the same task id.
 The steps live in modules of their own (CONTRIBUTING.md has the map); this
 module orders them and decides how long to sleep. It knows nothing of Celery's
 ``Scheduler`` class: the adapter (:mod:`..scheduler`) builds it, hands it the
-entry sources, calls :meth:`Engine.tick` and reports outages.
+entry sources, calls :meth:`Engine.tick` and reports outages. Nor does it know
+any kind of source (``beat_schedule``, stored schedules): what differs between
+them is said by the :class:`~celery_singlebeat.sources.EntrySource` interface.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from ..beat.embedded import stop_worker
 from ..config import Settings
 from ..exceptions import SchemaError, StoreUnavailable
 from ..observe.telemetry import NOTHING, Telemetry
-from ..schedules.source import StoredSource
 from ..sources import EntryDefinition, EntrySource
 from ..store.base import Store
 from ..timeline.clock import US
@@ -143,18 +144,18 @@ class Engine:
         return (self.next_sweep, self.membership.next_share, self.upkeep.next_prune)
 
     def use_sources(self, sources: Sequence[EntrySource]) -> None:
-        """The sources of this replica's entries, loaded at the first connect;
-        the stored schedules follow them unless ``singlebeat_schedules`` is off."""
-        sources = list(sources)
-        if self.ctx.settings.schedules:
-            sources.append(
-                StoredSource(
-                    lambda: self.ctx.connected_store,
-                    self.agenda.default_policy,
-                    self.agenda.default_tz,
-                )
-            )
+        """The sources of this replica's entries, as the host builds them (the
+        Celery adapter: ``beat_schedule``'s, those given by hand, the stored
+        schedules unless ``singlebeat_schedules`` is off), loaded at the first
+        connect. The engine knows each only through the
+        :class:`~celery_singlebeat.sources.EntrySource` interface; two with one
+        label are a ConfigurationError."""
         self.watch.follow(sources)
+
+    def connected_store(self) -> Store:
+        """The store, for a source that reads it (the engine asks a source
+        for its changes only while connected)."""
+        return self.ctx.connected_store
 
     def load_sources(self) -> int:
         """Load every source now (a name in two sources stops beat at start-up);
