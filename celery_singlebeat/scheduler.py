@@ -23,6 +23,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
+from .beat.embedded import stop_worker
 from .beat.fatal import stop_beat
 from .beat.source import BeatScheduleSource
 from .beat.stopping import stop_deferred
@@ -113,6 +114,7 @@ class SingleBeatScheduler(Scheduler):  # type: ignore[misc]
             default_tz=app.timezone,
             max_interval=self.max_interval,
             signal_sender=self,
+            fatal=stop_worker,
         )
         super().__init__(app, *args, lazy=lazy, **kwargs)
         # Celery may have set max_interval from its argument or setting

@@ -12,7 +12,8 @@ module orders them and decides how long to sleep. It knows nothing of Celery's
 ``Scheduler`` class: the adapter (:mod:`..scheduler`) builds it, hands it the
 entry sources, calls :meth:`Engine.tick` and reports outages. Nor does it know
 any kind of source (``beat_schedule``, stored schedules): what differs between
-them is said by the :class:`~celery_singlebeat.sources.EntrySource` interface.
+them is said by the :class:`~celery_singlebeat.sources.EntrySource` interface,
+and what the host stops on a fatal error is a callable it passes in.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..beat.embedded import stop_worker
 from ..config import Settings
 from ..exceptions import SchemaError, StoreUnavailable
 from ..observe.telemetry import NOTHING, Telemetry
@@ -59,6 +59,10 @@ WAKE_JITTER = 0.01
 LISTEN_POLL_S = 0.5
 
 
+def _carry_on(error: BaseException) -> None:
+    """A host with nothing to stop besides the engine: the error is raised."""
+
+
 class Engine:
     """One replica's engine: its steps, their shared state, and the tick."""
 
@@ -74,10 +78,17 @@ class Engine:
         default_tz: Any,
         max_interval: float,
         signal_sender: Any = None,
+        fatal: Callable[[BaseException], object] = _carry_on,
     ) -> None:
+        """``fatal`` is called with an error that retrying cannot mend (a
+        schema that does not match), before the engine raises it: the Celery
+        adapter stops the ``celery worker -B`` that hosts this beat, if any
+        (:func:`celery_singlebeat.beat.embedded.stop_worker`). By default
+        nothing is done beyond raising."""
         ctx = ReplicaContext(settings, env, telemetry, signal_sender)
         self.ctx = ctx
         self._open_store = open_store
+        self._fatal = fatal
         self.max_interval = max_interval
         self.agenda = Agenda(settings.replica_id, settings.missed, default_tz)
         # one watch for the engine's life: the steps below keep its methods,
@@ -179,7 +190,7 @@ class Engine:
         except SchemaError as exc:
             # Not an outage: retrying cannot help, so stop the process loudly.
             logger.critical("singlebeat: %s", exc)
-            stop_worker(exc)
+            self._fatal(exc)
             raise
         definitions = self.watch.load()
         names = [d.name for d in definitions]
