@@ -55,7 +55,10 @@ class Upkeep:
                 logger.info("singlebeat: pruned %d rows of replicas gone", gone)
             # a deleted stored entry's tombstone is kept as long as slot rows
             # are: a replica cut off for longer reads every row once when back
-            # (schedules/source.py); the history as long as the setting says
+            # (schedules/source.py); the history as long as the setting says.
+            # The store's own tables, like the replica rows: pruned here also
+            # where no replica follows them (singlebeat_schedules off, the CLI
+            # writing), so not a hook of their entry source
             pruned = store.prune_schedules(
                 retention_us, ctx.settings.schedule_log_retention // timedelta(microseconds=1)
             )
