@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,10 +28,11 @@ from celery.schedules import crontab
 from celery.schedules import schedule as interval
 from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fixture
 
-from celery_singlebeat import ConfigurationError, signals
+from celery_singlebeat import ConfigurationError, Schedules, signals
 from celery_singlebeat.engine import Environment
-from celery_singlebeat.sources import EntryDefinition
-from celery_singlebeat.testing import MemoryScheduler, MemorySource
+from celery_singlebeat.sources import EntryDefinition, EntrySource
+from celery_singlebeat.store.values import Written
+from celery_singlebeat.testing import MemoryScheduler, MemorySource, MemoryStore
 from celery_singlebeat.timeline.clock import US, datetime_to_us
 from celery_singlebeat.timeline.slots import sequence_for
 
@@ -391,3 +392,76 @@ def test_the_cycle_collector_is_off_while_changes_are_applied_and_as_it_was_afte
     finally:
         gc.enable()
     assert len(seen) >= 2 and not any(seen)
+
+
+class _LaggingTableSource(EntrySource):
+    """A third source, which the engine has never heard of: the entries of the
+    store's schedules table as first read, never followed (a source whose
+    reader lags behind every edit). Its definitions name the write they came
+    from (:meth:`written`) when ``name_writes`` is on, and the table already
+    lists its entries, so no catalog does (``catalogued`` False)."""
+
+    label = "lagging table"
+    catalogued = False
+
+    def __init__(self, store: MemoryStore, name_writes: bool) -> None:
+        self._store = store
+        self._name_writes = name_writes
+        self._writes: dict[str, Written] = {}
+
+    def load(self) -> tuple[Sequence[EntryDefinition], object]:
+        rows, revision = self._store.schedule_rows()
+        definitions = []
+        for row in rows:
+            self._writes[row.name] = Written(row.revision, row.updated_us)
+            definitions.append(
+                EntryDefinition(
+                    name=row.name,
+                    task=row.task,
+                    schedule=timedelta(seconds=1),
+                    revision=str(row.revision),
+                    source=self.label,
+                    since_us=row.updated_us,
+                )
+            )
+        return definitions, revision
+
+    def written(self, definition: EntryDefinition) -> Written | None:
+        return self._writes.get(definition.name) if self._name_writes else None
+
+
+@pytest.mark.parametrize("name_writes", [True, False])
+def test_a_source_the_engine_does_not_know_has_its_outdated_writes_refused_at_the_claim(
+    harness_for: Callable[..., Harness],  # noqa: F811
+    name_writes: bool,
+) -> None:
+    """What differs between sources is said by the interface alone: a custom
+    source that names its definitions' writes gets the claim's check that
+    stored schedules get (no slot more than a second after an edit goes out
+    under the definition it replaced, however late the source reads it), and
+    one that names none gets nothing checked; neither is catalogued."""
+    harness = harness_for({}, singlebeat_schedules=False)
+    simulate(harness, 4)
+    harness.store.prepare(True)
+    schedules = Schedules(store=harness.store, by="test")
+    schedules.upsert("a", TASK, timedelta(seconds=1))
+    replica = harness.replica(sources=[_LaggingTableSource(harness.store, name_writes)])
+    clock = harness.clock
+    end = clock() + 3 * US
+    while clock() < end:
+        clock.advance(timedelta(microseconds=max(int(replica.tick() * US), 1)))
+    edited = schedules.update("a", args=[2])
+    edited_us = int(edited.updated.timestamp() * US)
+    end = clock() + 5 * US
+    while clock() < end:
+        clock.advance(timedelta(microseconds=max(int(replica.tick() * US), 1)))
+    sent = [m.at_us for m in harness.drain() if m.entry == "a"]
+    assert [at for at in sent if at < edited_us], "nothing sent before the edit"
+    after = [at for at in sent if at > edited_us + US]
+    if name_writes:
+        assert after == [], "a slot went out under a definition replaced over a second before"
+        assert replica.stats["lost"] > 0
+    else:
+        assert len(after) >= 3, "no write named, nothing to check: the slots go on"
+    assert replica.entries["a"].source == "lagging table"
+    assert "a" not in harness.store.catalog_of(replica.settings.replica_id)
