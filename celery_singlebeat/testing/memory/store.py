@@ -54,11 +54,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
-from ..config import read_setting
-from ..exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
-from ..scheduler import SingleBeatScheduler
-from ..sources import Change, ChangeKind, EntryDefinition, EntrySource
-from ..store.base import (
+from ...config import read_setting
+from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
+from ...scheduler import SingleBeatScheduler
+from ...sources import Change, ChangeKind, EntryDefinition, EntrySource
+from ...store.base import (
     EARLY_TOLERANCE_US,
     PAUSE_ALL,
     STALE_DEFINITION_US,
@@ -82,11 +82,11 @@ from ..store.base import (
     Store,
     Written,
 )
-from ..store.schedule_edits import check_batch, plan
-from ..store.schema import SCHEMA_VERSION
-from ..timeline.clock import DatabaseClock, datetime_to_us, us_to_datetime
-from ..timeline.membership import replica_live
-from ..timeline.slots import MissedPolicy
+from ...store.schedule_edits import check_batch, plan
+from ...store.schema import SCHEMA_VERSION
+from ...timeline.clock import DatabaseClock, datetime_to_us, us_to_datetime
+from ...timeline.membership import replica_live
+from ...timeline.slots import MissedPolicy
 
 __all__ = [
     "FakeClock",
@@ -1081,7 +1081,7 @@ def send_slot(
     :class:`~celery_singlebeat.SingletonTask` treats it as that slot. Call it twice
     to deliver one run twice, as a replica that died between publishing and
     recording does. Returns ``task.apply_async``'s result."""
-    from ..timeline.slots import SLOT_HEADER, slot_header, slot_task_id
+    from ...timeline.slots import SLOT_HEADER, slot_header, slot_task_id
 
     if at.utcoffset() is None:
         raise ValueError(f"at={at!r}: expected an aware datetime")

@@ -1,0 +1,28 @@
+"""The in-memory store, importable as ``celery_singlebeat.testing.memory`` as before.
+
+Its code is in :mod:`.store` until it is split by contract; this package
+keeps every name the module had at the import path the module had (the
+pytest plugin and :mod:`..simulation` import from here).
+"""
+
+from __future__ import annotations
+
+from .store import (
+    DEFAULT_START,
+    FakeClock,
+    MemoryScheduler,
+    MemorySource,
+    MemoryStore,
+    SlotRow,
+    send_slot,
+)
+
+__all__ = [
+    "DEFAULT_START",
+    "FakeClock",
+    "MemoryScheduler",
+    "MemorySource",
+    "MemoryStore",
+    "SlotRow",
+    "send_slot",
+]
