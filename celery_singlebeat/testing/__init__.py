@@ -10,9 +10,8 @@ import MemoryStore``); the pytest plugin's fixtures build them for you
 
 from __future__ import annotations
 
+from .clock import DEFAULT_START, FakeClock
 from .memory import (
-    DEFAULT_START,
-    FakeClock,
     MemoryScheduler,
     MemorySource,
     MemoryStore,

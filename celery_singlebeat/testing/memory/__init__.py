@@ -7,9 +7,10 @@ pytest plugin and :mod:`..simulation` import from here).
 
 from __future__ import annotations
 
+# the clock left for a module of its own (testing/clock.py); named here too,
+# where the pytest plugin imports it from
+from ..clock import DEFAULT_START, FakeClock
 from .store import (
-    DEFAULT_START,
-    FakeClock,
     MemoryScheduler,
     MemorySource,
     MemoryStore,

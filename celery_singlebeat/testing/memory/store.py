@@ -5,8 +5,8 @@
 the same contract suite as the SQL store. Several schedulers sharing one
 ``MemoryStore`` behave like replicas sharing one database, so a test can show
 that each slot is sent once without starting PostgreSQL. Time comes from a
-clock you control (:class:`FakeClock`), so a test moves time by hand instead
-of sleeping.
+clock you control (:class:`~celery_singlebeat.testing.FakeClock`), so a test
+moves time by hand instead of sleeping.
 
 Typical use, with Celery's in-memory broker::
 
@@ -47,11 +47,10 @@ gets a fresh one.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from ...config import read_setting
@@ -84,55 +83,18 @@ from ...store.base import (
 )
 from ...store.schedule_edits import check_batch, plan
 from ...store.schema import SCHEMA_VERSION
-from ...timeline.clock import DatabaseClock, datetime_to_us, us_to_datetime
+from ...timeline.clock import DatabaseClock, datetime_to_us
 from ...timeline.membership import replica_live
 from ...timeline.slots import MissedPolicy
+from ..clock import wall_us
 
 __all__ = [
-    "FakeClock",
     "MemoryScheduler",
     "MemorySource",
     "MemoryStore",
     "SlotRow",
     "send_slot",
 ]
-
-#: FakeClock's default start: a whole second, so slot instants are round numbers.
-DEFAULT_START = datetime(2024, 1, 10, 12, 0, 0, tzinfo=timezone.utc)
-
-
-class FakeClock:
-    """A clock for tests: it stands still until :meth:`advance` moves it.
-
-    Calling it returns the current instant in microseconds since the epoch,
-    which is what :class:`MemoryStore` expects as ``now_us``.
-    """
-
-    def __init__(self, start: datetime = DEFAULT_START) -> None:
-        self._now_us = datetime_to_us(start)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int:
-        """The current instant, microseconds since the Unix epoch (UTC)."""
-        return self._now_us
-
-    def now(self) -> datetime:
-        """The current instant as an aware UTC datetime."""
-        return us_to_datetime(self._now_us)
-
-    def advance(self, delta: timedelta) -> datetime:
-        """Move the clock forward by ``delta``; returns the new instant."""
-        step = int(delta / timedelta(microseconds=1))
-        if step < 0:
-            raise ValueError(f"advance({delta!r}): a clock only moves forward")
-        with self._lock:
-            self._now_us += step
-        return self.now()
-
-    def set(self, when: datetime) -> None:
-        """Jump to ``when`` (an aware datetime), forward or backward."""
-        with self._lock:
-            self._now_us = datetime_to_us(when)
 
 
 class SlotRow(NamedTuple):
@@ -201,10 +163,6 @@ class _FollowingClock(DatabaseClock):
         return self._source()
 
 
-def _wall_us() -> int:
-    return time.time_ns() // 1000
-
-
 def _by_name(row: ScheduleRow) -> str:
     return row.name
 
@@ -213,11 +171,11 @@ class MemoryStore(Store):
     """The storage contract in process memory, shared by threads.
 
     ``now_us`` is the "database" clock (default: the real wall clock); pass a
-    :class:`FakeClock` to control time. Every decision is taken under one lock,
-    so concurrent callers (threads, or several schedulers in one process)
-    see the same atomicity a database gives. Each operation counts as one
-    round trip in :attr:`round_trips` and feeds ``clock``, like the SQL
-    store.
+    :class:`~celery_singlebeat.testing.FakeClock` to control time. Every
+    decision is taken under one lock, so concurrent callers (threads, or
+    several schedulers in one process) see the same atomicity a database
+    gives. Each operation counts as one round trip in :attr:`round_trips` and
+    feeds ``clock``, like the SQL store.
 
     ``clock`` replaces the :class:`~celery_singlebeat.timeline.clock.DatabaseClock`
     the store keeps in sync; by default it follows ``now_us`` exactly.
@@ -233,7 +191,7 @@ class MemoryStore(Store):
         *,
         clock: DatabaseClock | None = None,
     ) -> None:
-        self._now_us: Callable[[], int] = now_us or _wall_us
+        self._now_us: Callable[[], int] = now_us or wall_us
         self.clock = clock if clock is not None else _FollowingClock(self._now_us)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
@@ -986,8 +944,8 @@ class MemorySource(EntrySource):
         #: the source's name in messages
         self.label = label
         #: the clock that dates each definition (``since_us``): the store's
-        #: (a :class:`FakeClock`), else this host's
-        self._now_us = now_us or _wall_us
+        #: (a :class:`~celery_singlebeat.testing.FakeClock`), else this host's
+        self._now_us = now_us or wall_us
         self._lock = threading.Lock()
         self._entries: dict[str, EntryDefinition] = {}
         self._log: list[tuple[int, Change]] = []
