@@ -1,23 +1,20 @@
 """What your own tests use: an in-memory store and scheduler, a fake clock, the simulation.
 
 :mod:`.memory` holds the in-memory store (the whole storage contract in process
-memory), the scheduler that runs on it and the clock a test moves by hand;
-:mod:`.simulation` runs a fleet of such replicas against scripted faults. Both
-are imported from here as they always were (``from celery_singlebeat.testing
-import MemoryStore``); the pytest plugin's fixtures build them for you
-(docs/testing.md).
+memory), :mod:`.scheduler` the scheduler that runs on it, :mod:`.source` an
+entry source a test edits while replicas run, and :mod:`.clock` the clock a
+test moves by hand; :mod:`.simulation` runs a fleet of such replicas against
+scripted faults. All are imported from here as they always were (``from
+celery_singlebeat.testing import MemoryStore``); the pytest plugin's fixtures
+build them for you (docs/testing.md).
 """
 
 from __future__ import annotations
 
 from .clock import DEFAULT_START, FakeClock
-from .memory import (
-    MemoryScheduler,
-    MemorySource,
-    MemoryStore,
-    SlotRow,
-    send_slot,
-)
+from .memory import MemoryStore, SlotRow, send_slot
+from .scheduler import MemoryScheduler
+from .source import MemorySource
 
 __all__ = [
     "DEFAULT_START",

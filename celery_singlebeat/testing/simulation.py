@@ -46,7 +46,8 @@ from ..observe.telemetry import NOTHING, Telemetry
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
 from ..timeline.slots import SLOT_HEADER
 from .clock import DEFAULT_START, FakeClock
-from .memory import MemoryScheduler, MemoryStore
+from .memory import MemoryStore
+from .scheduler import MemoryScheduler
 
 __all__ = [
     "DatabaseDown",

@@ -1,8 +1,10 @@
 """The in-memory store, importable as ``celery_singlebeat.testing.memory`` as before.
 
-Its code is in :mod:`.store` until it is split by contract; this package
-keeps every name the module had at the import path the module had (the
-pytest plugin and :mod:`..simulation` import from here).
+Its code is in :mod:`.store` until it is split by contract. The pytest
+plugin and :mod:`..simulation` import the store and the clock from here; the
+scheduler and the entry source, which run on the store, are in
+:mod:`..scheduler` and :mod:`..source` (``celery_singlebeat.testing`` names
+them all).
 """
 
 from __future__ import annotations
@@ -10,19 +12,11 @@ from __future__ import annotations
 # the clock left for a module of its own (testing/clock.py); named here too,
 # where the pytest plugin imports it from
 from ..clock import DEFAULT_START, FakeClock
-from .store import (
-    MemoryScheduler,
-    MemorySource,
-    MemoryStore,
-    SlotRow,
-    send_slot,
-)
+from .store import MemoryStore, SlotRow, send_slot
 
 __all__ = [
     "DEFAULT_START",
     "FakeClock",
-    "MemoryScheduler",
-    "MemorySource",
     "MemoryStore",
     "SlotRow",
     "send_slot",

@@ -1,4 +1,4 @@
-"""An in-memory store and scheduler for your own tests: no database needed.
+"""An in-memory store for your own tests: no database needed.
 
 :class:`MemoryStore` implements the whole storage contract
 (:class:`~celery_singlebeat.store.base.Store`) in process memory and passes
@@ -8,7 +8,8 @@ that each slot is sent once without starting PostgreSQL. Time comes from a
 clock you control (:class:`~celery_singlebeat.testing.FakeClock`), so a test
 moves time by hand instead of sleeping.
 
-Typical use, with Celery's in-memory broker::
+Typical use, with Celery's in-memory broker and the scheduler that runs on
+the store (:class:`~celery_singlebeat.testing.MemoryScheduler`)::
 
     from datetime import timedelta
     from celery import Celery
@@ -29,19 +30,9 @@ Typical use, with Celery's in-memory broker::
     replica_b.tick()            # loses it: sends nothing
     assert replica_a.stats["sent"] + replica_b.stats["sent"] == 1
 
-Entries besides ``beat_schedule`` come from a :class:`MemorySource` given as
-``MemoryScheduler(app, store=store, sources=[source])``: a test adds, edits
-and removes entries while the replicas run, as stored schedules will be.
-
 ``store.available = False`` simulates a database outage (every operation
 raises :class:`.StoreUnavailable`), and
 :meth:`MemoryStore.slot_rows` shows what the "database" holds.
-
-To run a real ``celery beat`` process against it (one process only, since
-memory is not shared between processes), set
-``beat_scheduler = "celery_singlebeat.testing.MemoryScheduler"``; put a store in
-``app.conf.singlebeat_memory_store`` to choose it, otherwise each scheduler
-gets a fresh one.
 """
 
 from __future__ import annotations
@@ -50,13 +41,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from ...config import read_setting
 from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
-from ...scheduler import SingleBeatScheduler
-from ...sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ...store.base import (
     EARLY_TOLERANCE_US,
     PAUSE_ALL,
@@ -85,16 +73,9 @@ from ...store.schedule_edits import check_batch, plan
 from ...store.schema import SCHEMA_VERSION
 from ...timeline.clock import DatabaseClock, datetime_to_us
 from ...timeline.membership import replica_live
-from ...timeline.slots import MissedPolicy
 from ..clock import wall_us
 
-__all__ = [
-    "MemoryScheduler",
-    "MemorySource",
-    "MemoryStore",
-    "SlotRow",
-    "send_slot",
-]
+__all__ = ["MemoryStore", "SlotRow", "send_slot"]
 
 
 class SlotRow(NamedTuple):
@@ -894,136 +875,6 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         """Nothing to release; the data stays, for other replicas sharing the store."""
-
-
-class MemoryScheduler(SingleBeatScheduler):
-    """A :class:`~celery_singlebeat.SingleBeatScheduler` that coordinates through a
-    :class:`MemoryStore` instead of a SQL database.
-
-    The store is the ``store`` argument, else ``app.conf.singlebeat_memory_store``,
-    else a new private one. Schedulers given the same store act as replicas
-    sharing one database. Everything else (settings, policies, publishing) is
-    the real scheduler's; its log lines still name ``singlebeat_url``, which is
-    never opened.
-    """
-
-    def __init__(
-        self, app: Any, *args: Any, store: MemoryStore | None = None, **kwargs: Any
-    ) -> None:
-        configured = read_setting(app.conf, "singlebeat_memory_store")
-        #: the store this scheduler coordinates through.
-        self.memory_store: MemoryStore = store or configured or MemoryStore()
-        super().__init__(app, *args, **kwargs)
-
-    @property
-    def info(self) -> str:
-        """The banner line ``celery beat`` prints."""
-        return f"    . singlebeat -> in-memory store\n    . replica -> {self.settings.replica_id}"
-
-    def _open_store(self) -> Store:
-        return self.memory_store
-
-
-class MemorySource(EntrySource):
-    """An entry source in process memory, edited while replicas run: for tests.
-
-    :meth:`set` adds or replaces an entry, :meth:`remove` removes one; each
-    replica given the source follows the changes from its next tick (the
-    engine asks every source for its changes once a tick). Replicas sharing
-    one ``MemorySource`` see the same entries, as replicas sharing a database
-    will see stored ones. Thread-safe, so a test may edit from another thread.
-    :attr:`sent` records every slot the replicas reported sent (the optional
-    write-back), in order.
-    """
-
-    writes_back = True
-
-    def __init__(
-        self, label: str = "memory source", now_us: Callable[[], int] | None = None
-    ) -> None:
-        #: the source's name in messages
-        self.label = label
-        #: the clock that dates each definition (``since_us``): the store's
-        #: (a :class:`~celery_singlebeat.testing.FakeClock`), else this host's
-        self._now_us = now_us or wall_us
-        self._lock = threading.Lock()
-        self._entries: dict[str, EntryDefinition] = {}
-        self._log: list[tuple[int, Change]] = []
-        self._version = 0
-        #: (entry, slot instant in microseconds) of every slot reported sent
-        self.sent_slots: list[tuple[str, int]] = []
-
-    def set(
-        self,
-        name: str,
-        task: str,
-        schedule: Any,
-        *,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        options: dict[str, Any] | None = None,
-        policy: MissedPolicy | None = None,
-        tz: Any = None,
-    ) -> EntryDefinition:
-        """Add entry ``name``, or replace its definition; returns the definition.
-
-        ``schedule`` is a Celery schedule, or a ``timedelta`` or a number of
-        seconds for an interval (as in ``beat_schedule``)."""
-        if isinstance(schedule, (int, float, timedelta)):
-            from celery.schedules import schedule as interval
-
-            seconds = schedule.total_seconds() if isinstance(schedule, timedelta) else schedule
-            schedule = interval(timedelta(seconds=seconds))
-        with self._lock:
-            self._version += 1
-            definition = EntryDefinition(
-                name=name,
-                task=task,
-                schedule=schedule,
-                args=tuple(args),
-                kwargs=dict(kwargs or {}),
-                options=dict(options or {}),
-                policy=policy,
-                tz=tz,
-                revision=str(self._version),
-                source=self.label,
-                since_us=self._now_us(),
-            )
-            kind = ChangeKind.CHANGED if name in self._entries else ChangeKind.ADDED
-            self._entries[name] = definition
-            self._log.append((self._version, Change(kind, name, definition)))
-            return definition
-
-    def remove(self, name: str) -> None:
-        """Remove entry ``name`` (a KeyError if the source has no such entry)."""
-        with self._lock:
-            del self._entries[name]
-            self._version += 1
-            self._log.append((self._version, Change(ChangeKind.REMOVED, name, None)))
-
-    @property
-    def entries(self) -> dict[str, EntryDefinition]:
-        """The entries now, by name."""
-        with self._lock:
-            return dict(self._entries)
-
-    def load(self) -> tuple[Sequence[EntryDefinition], object]:
-        """See :meth:`.EntrySource.load`."""
-        with self._lock:
-            return list(self._entries.values()), self._version
-
-    def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
-        """See :meth:`.EntrySource.changes`."""
-        with self._lock:
-            since = cursor if isinstance(cursor, int) else 0
-            if since >= self._version:
-                return (), since
-            return [change for version, change in self._log if version > since], self._version
-
-    def sent(self, definition: EntryDefinition, slot_us: Sequence[int]) -> None:
-        """See :meth:`.EntrySource.sent`."""
-        with self._lock:
-            self.sent_slots.extend((definition.name, at) for at in slot_us)
 
 
 def send_slot(
