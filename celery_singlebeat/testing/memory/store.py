@@ -41,7 +41,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 
 from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
@@ -71,11 +70,11 @@ from ...store.base import (
 )
 from ...store.schedule_edits import check_batch, plan
 from ...store.schema import SCHEMA_VERSION
-from ...timeline.clock import DatabaseClock, datetime_to_us
+from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
 from ..clock import wall_us
 
-__all__ = ["MemoryStore", "SlotRow", "send_slot"]
+__all__ = ["MemoryStore", "SlotRow"]
 
 
 class SlotRow(NamedTuple):
@@ -875,29 +874,3 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         """Nothing to release; the data stays, for other replicas sharing the store."""
-
-
-def send_slot(
-    task: Any,
-    entry: str,
-    at: datetime,
-    args: Sequence[Any] = (),
-    kwargs: dict[str, Any] | None = None,
-    **options: Any,
-) -> Any:
-    """Send ``task`` as beat sends the run of ``entry`` at ``at``: the same task id
-    and ``singlebeat_slot`` header the scheduler writes (slots.py), so that a
-    :class:`~celery_singlebeat.SingletonTask` treats it as that slot. Call it twice
-    to deliver one run twice, as a replica that died between publishing and
-    recording does. Returns ``task.apply_async``'s result."""
-    from ...timeline.slots import SLOT_HEADER, slot_header, slot_task_id
-
-    if at.utcoffset() is None:
-        raise ValueError(f"at={at!r}: expected an aware datetime")
-    slot_us = datetime_to_us(at)
-    headers = dict(options.pop("headers", None) or {})
-    headers["celery_beat_task"] = True
-    headers[SLOT_HEADER] = slot_header(entry, slot_us)
-    return task.apply_async(
-        tuple(args), kwargs or {}, task_id=slot_task_id(entry, slot_us), headers=headers, **options
-    )
