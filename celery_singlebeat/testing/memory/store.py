@@ -37,11 +37,9 @@ raises :class:`.StoreUnavailable`), and
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from ...store.base import (
@@ -73,62 +71,9 @@ from ...store.schema import SCHEMA_VERSION
 from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
 from ..clock import wall_us
+from .state import MemoryEntry, MemoryLease, MemoryRun, MemorySlot, MemoryState, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
-
-
-class SlotRow(NamedTuple):
-    """A snapshot of one slot row, as :meth:`MemoryStore.slot_rows` reports it."""
-
-    entry: str
-    slot_us: int
-    #: 0 claimed, 1 sent (confirmed).
-    state: int
-    owner: str
-    fence: int
-    lease_until_us: int
-    claimed_us: int
-    sent_us: int | None
-
-
-@dataclass
-class _Row:
-    state: int
-    owner: str
-    fence: int
-    lease_until_us: int
-    claimed_us: int
-    sent_us: int | None = None
-
-
-@dataclass
-class _Entry:
-    anchor_us: int
-    #: the high-water mark: raised by prune, see the Store contract.
-    last_slot_us: int | None = None
-
-
-@dataclass
-class _Lock:
-    token: int
-    owner: str
-    expires_us: int
-    acquired_us: int
-
-
-@dataclass
-class _RunRow:
-    run_id: str
-    state: int  # 0 running, 1 finished
-    owner: str
-    task_id: str
-    expires_us: int
-    started_us: int
-    attempts: int = 1
-    repeats: int = 0
-    last_repeat_us: int | None = None
-    finished_us: int | None = None
-    outcome: str | None = None
 
 
 class _FollowingClock(DatabaseClock):
@@ -163,6 +108,11 @@ class MemoryStore(Store):
     ``on_round_trip`` is called after each operation, as the SQL store
     calls it (with 0 seconds); schedulers sharing one store each set it when
     they connect, so only the last one connected hears it.
+
+    :attr:`state` is what the "database" holds, every table under one lock
+    (:class:`~celery_singlebeat.testing.memory.state.MemoryState`): a test that
+    changes a row by hand (expires a lease, loses a confirm) holds
+    ``state.lock`` while it does.
     """
 
     def __init__(
@@ -173,16 +123,8 @@ class MemoryStore(Store):
     ) -> None:
         self._now_us: Callable[[], int] = now_us or wall_us
         self.clock = clock if clock is not None else _FollowingClock(self._now_us)
-        self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
-        self._slots: dict[SlotKey, _Row] = {}
-        self._prune_next_us = 0
-        self._locks: dict[str, _Lock] = {}
-        self._runs: dict[SlotKey, _RunRow] = {}
-        self._prune_singletons_next_us = 0
-        self._replicas: dict[str, dict[str, Any]] = {}
-        self._catalog: dict[str, dict[str, CatalogEntry]] = {}
-        self._pauses: dict[str, Pause] = {}
+        #: what the "database" holds: every table, under one lock
+        self.state = MemoryState()
         self.controls_version = 0
         #: claimed-but-unsent rows, as the last heartbeat counted them
         self.open_claims: int | None = None
@@ -202,15 +144,6 @@ class MemoryStore(Store):
         self.stop_at_reconnect = False
         #: lose_writes() broke the connection; the next round trip finds it so
         self._broken = False
-        #: stored schedules: rows by name (tombstones too), the history, the
-        #: last revision given (the SQL store's counter row), the feed's floor
-        self._schedules: dict[str, ScheduleRow] = {}
-        self._schedule_log: list[ScheduleLogRow] = []
-        #: (when, the counter before, name, the row before) of each row a
-        #: write changed, so that lose_writes can undo the newest
-        self._schedule_undo: list[tuple[int, int, str, ScheduleRow | None]] = []
-        self._schedule_revision = 0
-        self._schedule_floor = 0
 
     # -- test helpers ------------------------------------------------------
 
@@ -225,7 +158,7 @@ class MemoryStore(Store):
 
     def slot_rows(self) -> list[SlotRow]:
         """Every slot row, ordered by ``(entry, slot_us)`` (not a round trip)."""
-        with self._lock:
+        with self.state.lock:
             return [
                 SlotRow(
                     key.entry,
@@ -237,47 +170,47 @@ class MemoryStore(Store):
                     row.claimed_us,
                     row.sent_us,
                 )
-                for key, row in sorted(self._slots.items())
+                for key, row in sorted(self.state.slots.items())
             ]
 
     def replica_rows(self) -> dict[str, dict[str, Any]]:
         """Every replica row, as dicts of its columns (not a round trip)."""
-        with self._lock:
-            return {key: dict(row) for key, row in sorted(self._replicas.items())}
+        with self.state.lock:
+            return {key: dict(row) for key, row in sorted(self.state.replicas.items())}
 
     def catalog_of(self, replica_id: str) -> dict[str, CatalogEntry]:
         """The catalog a replica published (not a round trip)."""
-        with self._lock:
-            return dict(self._catalog.get(replica_id, {}))
+        with self.state.lock:
+            return dict(self.state.catalog.get(replica_id, {}))
 
     def pause(self, entry: str, until_us: int | None = None, by: str = "test") -> None:
         """What an operator's pause writes (``entry`` "*": every entry)."""
         with self._round_trip("pause") as now:
-            self._pauses[entry] = Pause(entry, until_us, by, "", now)
+            self.state.pauses[entry] = Pause(entry, until_us, by, "", now)
             self.controls_version = (self.controls_version or 0) + 1
 
     def resume(self, entry: str | None = None) -> None:
         """What an operator's resume writes (None: every pause)."""
         with self._round_trip("resume"):
             if entry is None:
-                self._pauses.clear()
+                self.state.pauses.clear()
             else:
-                self._pauses.pop(entry, None)
+                self.state.pauses.pop(entry, None)
             self.controls_version = (self.controls_version or 0) + 1
 
     def request_run(self, entry: str) -> SlotKey:
         """What an operator's run-now writes: an abandoned row at fence 0."""
         with self._round_trip("run now") as now:
             slot_us = now
-            while SlotKey(entry, slot_us) in self._slots:
+            while SlotKey(entry, slot_us) in self.state.slots:
                 slot_us += 1
-            self._slots[SlotKey(entry, slot_us)] = _Row(0, "", 0, 0, now)
+            self.state.slots[SlotKey(entry, slot_us)] = MemorySlot(0, "", 0, 0, now)
             self.controls_version = (self.controls_version or 0) + 1
             return SlotKey(entry, slot_us)
 
     def _paused(self, entry: str, now: int) -> bool:
         for name in (entry, PAUSE_ALL):
-            pause = self._pauses.get(name)
+            pause = self.state.pauses.get(name)
             if pause is not None and (pause.until_us is None or pause.until_us > now):
                 return True
         return False
@@ -288,7 +221,7 @@ class MemoryStore(Store):
     def _round_trip(self, what: str, *, schema: bool = True) -> Iterator[int]:
         """Hold the lock for one atomic decision and yield the store's ``now``."""
         hook = self.on_round_trip
-        with self._lock:
+        with self.state.lock:
             if not self.available or (schema and self.schema_version is None):
                 if hook is not None:
                     hook(0.0, False)
@@ -341,14 +274,14 @@ class MemoryStore(Store):
         with self._round_trip("register entries") as now:
             wanted = set(names)
             for name in sorted(wanted):
-                self._entries.setdefault(name, _Entry(anchor_us=now))
+                self.state.entries.setdefault(name, MemoryEntry(anchor_us=now))
             latest: dict[str, int] = {}
-            for key in self._slots:
+            for key in self.state.slots:
                 if key.entry in wanted and key.slot_us > latest.get(key.entry, -1):
                     latest[key.entry] = key.slot_us
             out: dict[str, EntryState] = {}
             for name in wanted:
-                entry = self._entries[name]
+                entry = self.state.entries[name]
                 candidates = [
                     v for v in (entry.last_slot_us, latest.get(name)) if v is not None and v >= 0
                 ]
@@ -368,19 +301,19 @@ class MemoryStore(Store):
         with self._round_trip("claim") as now:
             won: list[Claim] = []
             for key in sorted({SlotKey(s.entry, s.slot_us) for s in slots}):
-                entry = self._entries.get(key.entry)
+                entry = self.state.entries.get(key.entry)
                 mark = -1 if entry is None or entry.last_slot_us is None else entry.last_slot_us
                 if entry is None or key.slot_us <= mark or key.slot_us > now + EARLY_TOLERANCE_US:
                     continue
-                if self._pauses and self._paused(key.entry, now):
+                if self.state.pauses and self._paused(key.entry, now):
                     continue
                 if revisions and self._stale(
                     key.entry, revisions.get(key.entry), max(now, key.slot_us)
                 ):
                     continue
-                row = self._slots.get(key)
+                row = self.state.slots.get(key)
                 if row is None:
-                    self._slots[key] = _Row(0, owner, 1, now + lease_us, now)
+                    self.state.slots[key] = MemorySlot(0, owner, 1, now + lease_us, now)
                     won.append(Claim(key.entry, key.slot_us, 1))
                 elif row.state == 0 and (row.lease_until_us < now or row.owner == owner):
                     row.owner, row.fence = owner, row.fence + 1
@@ -390,7 +323,7 @@ class MemoryStore(Store):
 
     def _stored_live(self, entry: str) -> bool:
         """An enabled stored entry (the SQL take_over's ``_stored``)."""
-        row = self._schedules.get(entry)
+        row = self.state.schedules.get(entry)
         return row is not None and row.enabled and not row.deleted
 
     def _stale(self, entry: str, written: Written | None, latest: int) -> bool:
@@ -399,7 +332,7 @@ class MemoryStore(Store):
         ``latest`` (the later of now and the slot's instant)."""
         if written is None or written.revision <= 0:
             return False
-        row = self._schedules.get(entry)
+        row = self.state.schedules.get(entry)
         if row is None or (row.revision, row.updated_us) == written:
             return False
         if row.updated_us + STALE_DEFINITION_US < latest:
@@ -407,7 +340,7 @@ class MemoryStore(Store):
         # the first write after the claimer's, from the history
         return any(
             r.name == entry and written.at_us < r.at_us < latest - STALE_DEFINITION_US
-            for r in self._schedule_log
+            for r in self.state.schedule_log
         )
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
@@ -417,7 +350,7 @@ class MemoryStore(Store):
         with self._round_trip("confirm") as now:
             done: list[Claim] = []
             for claim in dict.fromkeys(claims):
-                row = self._slots.get(claim.key)
+                row = self.state.slots.get(claim.key)
                 if row is None or row.owner != owner or row.fence != claim.fence:
                     continue
                 if row.state == 0:
@@ -433,9 +366,9 @@ class MemoryStore(Store):
         with self._round_trip("write sent slots again") as now:
             again: list[Claim] = []
             for claim in dict.fromkeys(sent):
-                row = self._slots.get(claim.key)
+                row = self.state.slots.get(claim.key)
                 if row is None:
-                    self._slots[claim.key] = _Row(1, owner, claim.fence, 0, now, now)
+                    self.state.slots[claim.key] = MemorySlot(1, owner, claim.fence, 0, now, now)
                 elif row.state == 0 and row.owner == owner and row.fence == claim.fence:
                     row.state, row.sent_us = 1, row.sent_us if row.sent_us is not None else now
                 else:
@@ -456,38 +389,38 @@ class MemoryStore(Store):
         promoted standby). SingletonTask's run rows too. Returns how many rows changed.
         A test helper, not a round trip."""
         changed = 0
-        with self._lock:
-            for key, row in list(self._slots.items()):
+        with self.state.lock:
+            for key, row in list(self.state.slots.items()):
                 if row.claimed_us > after_us:
-                    del self._slots[key]
+                    del self.state.slots[key]
                     changed += 1
                 elif row.state == 1 and row.sent_us is not None and row.sent_us > after_us:
                     row.state, row.sent_us = 0, None
                     changed += 1
             # entries registered since: their rows are gone too (the claim
             # refuses a slot of an entry with no row)
-            for name, entry in list(self._entries.items()):
+            for name, entry in list(self.state.entries.items()):
                 if entry.anchor_us > after_us:
-                    del self._entries[name]
+                    del self.state.entries[name]
                     changed += 1
-            for key, run in list(self._runs.items()):
+            for key, run in list(self.state.runs.items()):
                 if run.started_us > after_us:
-                    del self._runs[key]
+                    del self.state.runs[key]
                     changed += 1
                 elif run.finished_us is not None and run.finished_us > after_us:
                     run.state, run.finished_us, run.outcome = 0, None, None
                     changed += 1
             # the stored schedules as they were, and their revision counter:
             # the next write takes a number the lost ones had
-            while self._schedule_undo and self._schedule_undo[-1][0] > after_us:
-                _at, counter, name, before = self._schedule_undo.pop()
+            while self.state.schedule_undo and self.state.schedule_undo[-1][0] > after_us:
+                _at, counter, name, before = self.state.schedule_undo.pop()
                 if before is None:
-                    self._schedules.pop(name, None)
+                    self.state.schedules.pop(name, None)
                 else:
-                    self._schedules[name] = before
-                self._schedule_revision = counter
+                    self.state.schedules[name] = before
+                self.state.revision_counter = counter
                 changed += 1
-            self._schedule_log = [r for r in self._schedule_log if r.at_us <= after_us]
+            self.state.schedule_log = [r for r in self.state.schedule_log if r.at_us <= after_us]
             if break_connection:
                 self.interruptions += 1
                 self._broken = True
@@ -499,7 +432,7 @@ class MemoryStore(Store):
             return
         with self._round_trip("release") as now:
             for claim in claims:
-                row = self._slots.get(claim.key)
+                row = self.state.slots.get(claim.key)
                 if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
@@ -509,13 +442,13 @@ class MemoryStore(Store):
             abandoned = sorted(
                 (
                     key
-                    for key, row in self._slots.items()
+                    for key, row in self.state.slots.items()
                     if row.state == 0
                     and row.lease_until_us < now
-                    and not (self._pauses and self._paused(key.entry, now))
+                    and not (self.state.pauses and self._paused(key.entry, now))
                     and (
                         row.fence > 0
-                        or key.entry in self._catalog.get(owner, {})
+                        or key.entry in self.state.catalog.get(owner, {})
                         or self._stored_live(key.entry)
                     )
                 ),
@@ -523,7 +456,7 @@ class MemoryStore(Store):
             )
             taken: list[Claim] = []
             for key in abandoned[: max(limit, 0)]:
-                row = self._slots[key]
+                row = self.state.slots[key]
                 row.owner, row.fence = owner, row.fence + 1
                 row.lease_until_us, row.claimed_us = now + lease_us, now
                 taken.append(Claim(key.entry, key.slot_us, row.fence))
@@ -532,51 +465,53 @@ class MemoryStore(Store):
     def prune(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
         with self._round_trip("prune") as now:
-            if self._prune_next_us > now:
+            if self.state.prune_next_us > now:
                 return None
-            self._prune_next_us = now + every_us
+            self.state.prune_next_us = now + every_us
             cutoff = now - retention_us
-            old = [k for k, row in self._slots.items() if row.state == 1 and k.slot_us < cutoff]
+            old = [
+                k for k, row in self.state.slots.items() if row.state == 1 and k.slot_us < cutoff
+            ]
             for key in old:
-                entry = self._entries.get(key.entry)
+                entry = self.state.entries.get(key.entry)
                 if entry is not None and (
                     entry.last_slot_us is None or entry.last_slot_us < key.slot_us
                 ):
                     entry.last_slot_us = key.slot_us
             for key in old:
-                del self._slots[key]
+                del self.state.slots[key]
             return len(old)
 
     def recent_owners(self, window_us: int) -> list[str]:
         """See :meth:`.SlotStore.recent_owners`."""
         with self._round_trip("recent owners") as now:
             return sorted(
-                {row.owner for k, row in self._slots.items() if k.slot_us > now - window_us}
+                {row.owner for k, row in self.state.slots.items() if k.slot_us > now - window_us}
             )
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.FleetStore.heartbeat`."""
         with self._round_trip("heartbeat") as now:
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
-            self._replicas[info.id] = row
-            self.open_claims = sum(1 for r in self._slots.values() if r.state == 0)
-            self.schedule_revision = self._top_revision()
+            self.state.replicas[info.id] = row
+            self.open_claims = sum(1 for r in self.state.slots.values() if r.state == 0)
+            self.schedule_revision = self.state.top_revision()
             return sorted(
                 rid
-                for rid, r in self._replicas.items()
+                for rid, r in self.state.replicas.items()
                 if replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now)
             )
 
     def stopped(self, replica_id: str) -> None:
         """See :meth:`.FleetStore.stopped`."""
         with self._round_trip("mark replica stopped") as now:
-            if replica_id in self._replicas:
-                self._replicas[replica_id]["stopped_us"] = now
+            if replica_id in self.state.replicas:
+                self.state.replicas[replica_id]["stopped_us"] = now
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
         """See :meth:`.FleetStore.publish_catalog`."""
         with self._round_trip("publish catalog"):
-            self._catalog[replica_id] = {e.entry: e for e in entries}
+            self.state.catalog[replica_id] = {e.entry: e for e in entries}
 
     def prune_fleet(self, retention_us: int) -> int:
         """See :meth:`.FleetStore.prune_fleet` (replica rows and catalogs; run-now
@@ -584,13 +519,13 @@ class MemoryStore(Store):
         with self._round_trip("prune fleet") as now:
             gone = [
                 rid
-                for rid, row in self._replicas.items()
+                for rid, row in self.state.replicas.items()
                 if (row["stopped_us"] or row["seen_us"]) < now - retention_us
             ]
             for rid in gone:
-                del self._replicas[rid]
-            orphans = [rid for rid in self._catalog if rid not in self._replicas]
-            rows = sum(len(self._catalog.pop(rid)) for rid in orphans)
+                del self.state.replicas[rid]
+            orphans = [rid for rid in self.state.catalog if rid not in self.state.replicas]
+            rows = sum(len(self.state.catalog.pop(rid)) for rid in orphans)
             return len(gone) + rows
 
     def listen(self) -> ControlListener | None:
@@ -603,7 +538,7 @@ class MemoryStore(Store):
         """See :meth:`.FleetStore.pauses`."""
         with self._round_trip("read pauses") as now:
             return sorted(
-                (p for p in self._pauses.values() if p.until_us is None or p.until_us > now),
+                (p for p in self.state.pauses.values() if p.until_us is None or p.until_us > now),
                 key=lambda p: p.entry,
             )
 
@@ -611,23 +546,23 @@ class MemoryStore(Store):
 
     def run_rows(self) -> dict[SlotKey, dict[str, Any]]:
         """Every run row (SingletonTask), as dicts of its columns (not a round trip)."""
-        with self._lock:
-            return {key: dict(vars(row)) for key, row in sorted(self._runs.items())}
+        with self.state.lock:
+            return {key: dict(vars(row)) for key, row in sorted(self.state.runs.items())}
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
         """See :meth:`.SingletonStore.acquire_lease`."""
         with self._round_trip("acquire lease") as now:
-            lock = self._locks.get(key)
+            lock = self.state.leases.get(key)
             if lock is not None and lock.expires_us >= now:
                 return Busy(lock.owner, lock.expires_us)
             token = now if lock is None else max(lock.token + 1, now)
-            self._locks[key] = _Lock(token, owner, now + ttl_us, now)
+            self.state.leases[key] = MemoryLease(token, owner, now + ttl_us, now)
             return Lease(key, token, now + ttl_us)
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
         """See :meth:`.SingletonStore.renew_lease`."""
         with self._round_trip("renew lease") as now:
-            lock = self._locks.get(lease.key)
+            lock = self.state.leases.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
                 return None
             lock.expires_us = now + ttl_us
@@ -636,7 +571,7 @@ class MemoryStore(Store):
     def release_lease(self, lease: Lease) -> bool:
         """See :meth:`.SingletonStore.release_lease`."""
         with self._round_trip("release lease"):
-            lock = self._locks.get(lease.key)
+            lock = self.state.leases.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
                 return False
             lock.expires_us = 0
@@ -645,16 +580,16 @@ class MemoryStore(Store):
     def lease_holds(self, key: str, token: int) -> bool:
         """See :meth:`.SingletonStore.lease_holds`."""
         with self._round_trip("check lease") as now:
-            lock = self._locks.get(key)
+            lock = self.state.leases.get(key)
             return lock is not None and lock.token == token and lock.expires_us > now
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
         """See :meth:`.SingletonStore.begin_run`."""
         with self._round_trip("begin run") as now:
             key = SlotKey(run.entry, run.slot_us)
-            row = self._runs.get(key)
+            row = self.state.runs.get(key)
             if row is None:
-                self._runs[key] = _RunRow(run.run_id, 0, owner, task_id, now + ttl_us, now)
+                self.state.runs[key] = MemoryRun(run.run_id, 0, owner, task_id, now + ttl_us, now)
                 return RunBegin(RunStatus.STARTED, owner, None)
             if row.state == 0 and row.expires_us < now:
                 row.run_id, row.owner, row.task_id = run.run_id, owner, task_id
@@ -675,10 +610,10 @@ class MemoryStore(Store):
             for record in records:
                 run = record.run
                 key = SlotKey(run.entry, run.slot_us)
-                row = self._runs.get(key)
+                row = self.state.runs.get(key)
                 finished = record.outcome is not None
                 if row is None:
-                    self._runs[key] = _RunRow(
+                    self.state.runs[key] = MemoryRun(
                         run.run_id,
                         1 if finished else 0,
                         record.owner,
@@ -695,8 +630,8 @@ class MemoryStore(Store):
                 again.append(record)
             return again
 
-    def _own_run(self, run: Run) -> _RunRow | None:
-        row = self._runs.get(SlotKey(run.entry, run.slot_us))
+    def _own_run(self, run: Run) -> MemoryRun | None:
+        row = self.state.runs.get(SlotKey(run.entry, run.slot_us))
         if row is None or row.run_id != run.run_id or row.state != 0:
             return None
         return row
@@ -728,25 +663,25 @@ class MemoryStore(Store):
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SingletonStore.prune_singletons`."""
         with self._round_trip("prune singletons") as now:
-            if self._prune_singletons_next_us > now:
+            if self.state.prune_singletons_next_us > now:
                 return None
-            self._prune_singletons_next_us = now + every_us
+            self.state.prune_singletons_next_us = now + every_us
             cutoff = now - retention_us
             runs = [
                 k
-                for k, r in self._runs.items()
+                for k, r in self.state.runs.items()
                 if (r.state == 1 and (r.finished_us or 0) < cutoff)
                 or (r.state == 0 and r.expires_us < now and r.started_us < cutoff)
             ]
             locks = [
                 name
-                for name, lock in self._locks.items()
+                for name, lock in self.state.leases.items()
                 if lock.expires_us < now and lock.acquired_us < cutoff and lock.token < cutoff
             ]
             for k in runs:
-                del self._runs[k]
+                del self.state.runs[k]
             for name in locks:
-                del self._locks[name]
+                del self.state.leases[name]
             return len(runs) + len(locks)
 
     # -- stored schedules ---------------------------------------------------
@@ -772,20 +707,24 @@ class MemoryStore(Store):
         if not writes:
             return []
         with self._round_trip("write schedules") as now:
-            revision = self._schedule_revision + 1
-            stored = {w.name: self._schedules[w.name] for w in writes if w.name in self._schedules}
+            revision = self.state.revision_counter + 1
+            stored = {
+                w.name: self.state.schedules[w.name]
+                for w in writes
+                if w.name in self.state.schedules
+            }
             edits = plan(writes, stored, by, revision, now)
             changed = [e for e in edits if e.action is not None]
             if changed:
                 for edit in changed:
                     before = stored.get(edit.after.name)
-                    self._schedule_undo.append(
-                        (now, self._schedule_revision, edit.after.name, before)
+                    self.state.schedule_undo.append(
+                        (now, self.state.revision_counter, edit.after.name, before)
                     )
-                self._schedule_revision = revision
+                self.state.revision_counter = revision
                 for edit in changed:
-                    self._schedules[edit.after.name] = edit.after
-                    self._schedule_log.append(
+                    self.state.schedules[edit.after.name] = edit.after
+                    self.state.schedule_log.append(
                         ScheduleLogRow(
                             revision, edit.after.name, edit.action or "", by, why, now, edit.changes
                         )
@@ -795,43 +734,37 @@ class MemoryStore(Store):
     def schedule_rows(self) -> tuple[list[ScheduleRow], int]:
         """See :meth:`.ScheduleStore.schedule_rows`."""
         with self._round_trip("read schedules"):
-            rows = sorted((r for r in self._schedules.values() if not r.deleted), key=_by_name)
+            rows = sorted((r for r in self.state.schedules.values() if not r.deleted), key=_by_name)
             # the floor when higher: the prune may have deleted the newest tombstone
-            return rows, max(self._top_revision(), self._schedule_floor)
+            return rows, max(self.state.top_revision(), self.state.schedule_floor)
 
     def schedule_row(self, name: str) -> ScheduleRow | None:
         """See :meth:`.ScheduleStore.schedule_row`."""
         with self._round_trip("read schedule"):
-            row = self._schedules.get(name)
+            row = self.state.schedules.get(name)
             return None if row is None or row.deleted else row
 
     def schedule_feed(self, after: int) -> ScheduleFeed:
         """See :meth:`.ScheduleStore.schedule_feed`."""
         with self._round_trip("read schedule feed"):
             rows = sorted(
-                (r for r in self._schedules.values() if r.revision > after),
+                (r for r in self.state.schedules.values() if r.revision > after),
                 key=lambda r: (r.revision, r.name),
             )
             cursor = max((r.revision for r in rows), default=after)
-            return ScheduleFeed(rows, cursor, after >= self._schedule_floor)
+            return ScheduleFeed(rows, cursor, after >= self.state.schedule_floor)
 
     def feed_versions(self) -> int:
         """See :meth:`.ScheduleStore.feed_versions`; the control version is the
         one :meth:`pause`, :meth:`resume` and :meth:`request_run` raise."""
         with self._round_trip("read feed versions"):
-            self.schedule_revision = self._top_revision()
+            self.schedule_revision = self.state.top_revision()
             return self.schedule_revision
-
-    def _top_revision(self) -> int:
-        # the floor too, as the SQL store's (ScheduleStore.feed_versions)
-        return max(
-            max((r.revision for r in self._schedules.values()), default=0), self._schedule_floor
-        )
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         """See :meth:`.ScheduleStore.schedule_log`."""
         with self._round_trip("read schedule log"):
-            rows = [r for r in self._schedule_log if name is None or r.name == name]
+            rows = [r for r in self.state.schedule_log if name is None or r.name == name]
             rows.sort(key=lambda r: (-r.revision, r.name))
             return rows[: max(limit, 0)]
 
@@ -840,32 +773,32 @@ class MemoryStore(Store):
         with self._round_trip("prune schedules") as now:
             old = [
                 r
-                for r in self._schedules.values()
+                for r in self.state.schedules.values()
                 if r.deleted and r.updated_us < now - tombstones_us
             ]
-            self._schedule_floor = max([self._schedule_floor, *(r.revision for r in old)])
+            self.state.schedule_floor = max([self.state.schedule_floor, *(r.revision for r in old)])
             for row in old:
-                del self._schedules[row.name]
-            kept = [r for r in self._schedule_log if r.at_us >= now - log_us]
-            gone = len(self._schedule_log) - len(kept)
-            self._schedule_log = kept
+                del self.state.schedules[row.name]
+            kept = [r for r in self.state.schedule_log if r.at_us >= now - log_us]
+            gone = len(self.state.schedule_log) - len(kept)
+            self.state.schedule_log = kept
             return len(old) + gone
 
     def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
         """See :meth:`.ScheduleStore.catalogued`."""
         with self._round_trip("read the catalogued names") as now:
             found: dict[str, list[str]] = {}
-            for rid, r in sorted(self._replicas.items()):
+            for rid, r in sorted(self.state.replicas.items()):
                 if not replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now):
                     continue
-                for name in self._catalog.get(rid, {}).keys() & set(names):
+                for name in self.state.catalog.get(rid, {}).keys() & set(names):
                     found.setdefault(name, []).append(rid)
             return {name: found[name] for name in sorted(found)}
 
     def sent_count(self, name: str, since_us: int) -> int:
         """See :meth:`.ScheduleStore.sent_count`."""
         with self._round_trip("count sent slots"):
-            return sum(1 for k in self._slots if k.entry == name and k.slot_us >= since_us)
+            return sum(1 for k in self.state.slots if k.entry == name and k.slot_us >= since_us)
 
     def ping(self) -> int:
         """See :meth:`.StoreConnection.ping`."""
