@@ -37,11 +37,9 @@ raises :class:`.StoreUnavailable`), and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from ...store.base import (
     EARLY_TOLERANCE_US,
     PAUSE_ALL,
@@ -67,32 +65,18 @@ from ...store.base import (
     Written,
 )
 from ...store.schedule_edits import check_batch, plan
-from ...store.schema import SCHEMA_VERSION
-from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
-from ..clock import wall_us
-from .state import MemoryEntry, MemoryLease, MemoryRun, MemorySlot, MemoryState, SlotRow
+from .connection import MemoryConnection
+from .state import MemoryEntry, MemoryLease, MemoryRun, MemorySlot, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
-
-
-class _FollowingClock(DatabaseClock):
-    """A DatabaseClock whose "local wall clock" is the store's own time source,
-    so between round trips the scheduler sees exactly the time the test set."""
-
-    def __init__(self, source: Callable[[], int]) -> None:
-        super().__init__()
-        self._source = source
-
-    def local_us(self) -> int:
-        return self._source()
 
 
 def _by_name(row: ScheduleRow) -> str:
     return row.name
 
 
-class MemoryStore(Store):
+class MemoryStore(MemoryConnection, Store):
     """The storage contract in process memory, shared by threads.
 
     ``now_us`` is the "database" clock (default: the real wall clock); pass a
@@ -115,46 +99,7 @@ class MemoryStore(Store):
     ``state.lock`` while it does.
     """
 
-    def __init__(
-        self,
-        now_us: Callable[[], int] | None = None,
-        *,
-        clock: DatabaseClock | None = None,
-    ) -> None:
-        self._now_us: Callable[[], int] = now_us or wall_us
-        self.clock = clock if clock is not None else _FollowingClock(self._now_us)
-        #: what the "database" holds: every table, under one lock
-        self.state = MemoryState()
-        self.controls_version = 0
-        #: claimed-but-unsent rows, as the last heartbeat counted them
-        self.open_claims: int | None = None
-        #: the schema version "in the database"; None until prepare(create=True).
-        #: Set it above the supported version to test the upgrade refusal.
-        self.schema_version: int | None = None
-        #: False simulates an outage: every operation raises StoreUnavailable.
-        self.available = True
-        #: operations that reached the "database" (one round trip each).
-        self.round_trips = 0
-        #: operations refused while unavailable, and lose_writes() calls
-        self.interruptions = 0
-        #: True: the round trip after :meth:`lose_writes` raises
-        #: ConnectionReplaced and does nothing, as the SQL store's does on the
-        #: connection that replaced a broken one
-        #: (:attr:`.StoreConnection.stop_at_reconnect`)
-        self.stop_at_reconnect = False
-        #: lose_writes() broke the connection; the next round trip finds it so
-        self._broken = False
-
     # -- test helpers ------------------------------------------------------
-
-    @contextmanager
-    def outage(self) -> Iterator[None]:
-        """Make the store unavailable inside the ``with`` block."""
-        self.available = False
-        try:
-            yield
-        finally:
-            self.available = True
 
     def slot_rows(self) -> list[SlotRow]:
         """Every slot row, ordered by ``(entry, slot_us)`` (not a round trip)."""
@@ -185,13 +130,13 @@ class MemoryStore(Store):
 
     def pause(self, entry: str, until_us: int | None = None, by: str = "test") -> None:
         """What an operator's pause writes (``entry`` "*": every entry)."""
-        with self._round_trip("pause") as now:
+        with self.round_trip("pause") as now:
             self.state.pauses[entry] = Pause(entry, until_us, by, "", now)
             self.controls_version = (self.controls_version or 0) + 1
 
     def resume(self, entry: str | None = None) -> None:
         """What an operator's resume writes (None: every pause)."""
-        with self._round_trip("resume"):
+        with self.round_trip("resume"):
             if entry is None:
                 self.state.pauses.clear()
             else:
@@ -200,7 +145,7 @@ class MemoryStore(Store):
 
     def request_run(self, entry: str) -> SlotKey:
         """What an operator's run-now writes: an abandoned row at fence 0."""
-        with self._round_trip("run now") as now:
+        with self.round_trip("run now") as now:
             slot_us = now
             while SlotKey(entry, slot_us) in self.state.slots:
                 slot_us += 1
@@ -215,63 +160,11 @@ class MemoryStore(Store):
                 return True
         return False
 
-    # -- plumbing ----------------------------------------------------------
-
-    @contextmanager
-    def _round_trip(self, what: str, *, schema: bool = True) -> Iterator[int]:
-        """Hold the lock for one atomic decision and yield the store's ``now``."""
-        hook = self.on_round_trip
-        with self.state.lock:
-            if not self.available or (schema and self.schema_version is None):
-                if hook is not None:
-                    hook(0.0, False)
-                if not self.available:
-                    self.interruptions += 1
-                    raise StoreUnavailable(f"{what} failed: the memory store is unavailable")
-                # what a SQL database answers for a missing table
-                raise StoreUnavailable(f"{what} failed: no schema (call prepare first)")
-            if self._broken:
-                # connected again (lose_writes counted the break); the SQL
-                # store's executor sends nothing on the new connection when asked
-                self._broken = False
-                if self.stop_at_reconnect:
-                    if hook is not None:
-                        hook(0.0, False)
-                    raise ConnectionReplaced(
-                        f"{what}: the connection to the database broke; reconnected"
-                    )
-            self.round_trips += 1
-            now = self._now_us()
-            local = self.clock.local_us()
-            self.clock.observe(now, local, local)
-            yield now
-        if hook is not None:
-            # as the SQL store reports it: once the answer is in (no time passes here)
-            hook(0.0, True)
-
     # -- Store -------------------------------------------------------------
-
-    def prepare(self, create: bool) -> None:
-        """See :meth:`.StoreConnection.prepare`; ``create`` sets :attr:`schema_version`."""
-        with self._round_trip("schema check", schema=False):
-            if self.schema_version is None:
-                if not create:
-                    raise SchemaError(
-                        "tables missing (memory store) and singlebeat_create_schema is False: "
-                        "create them with `celery -A proj singlebeat create-schema` "
-                        "(or celery_singlebeat.create_schema(app)) using a privileged user"
-                    )
-                self.schema_version = SCHEMA_VERSION
-            if self.schema_version > SCHEMA_VERSION:
-                raise SchemaError(
-                    f"the database schema is version {self.schema_version}, newer than this "
-                    f"celery-singlebeat understands ({SCHEMA_VERSION}): upgrade the package "
-                    "on every replica"
-                )
 
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
         """See :meth:`.SlotStore.register`."""
-        with self._round_trip("register entries") as now:
+        with self.round_trip("register entries") as now:
             wanted = set(names)
             for name in sorted(wanted):
                 self.state.entries.setdefault(name, MemoryEntry(anchor_us=now))
@@ -298,7 +191,7 @@ class MemoryStore(Store):
         """See :meth:`.SlotStore.claim`."""
         if not slots:
             return []
-        with self._round_trip("claim") as now:
+        with self.round_trip("claim") as now:
             won: list[Claim] = []
             for key in sorted({SlotKey(s.entry, s.slot_us) for s in slots}):
                 entry = self.state.entries.get(key.entry)
@@ -347,7 +240,7 @@ class MemoryStore(Store):
         """See :meth:`.SlotStore.confirm`."""
         if not claims:
             return []
-        with self._round_trip("confirm") as now:
+        with self.round_trip("confirm") as now:
             done: list[Claim] = []
             for claim in dict.fromkeys(claims):
                 row = self.state.slots.get(claim.key)
@@ -363,7 +256,7 @@ class MemoryStore(Store):
         """See :meth:`.SlotStore.reassert`."""
         if not sent:
             return []
-        with self._round_trip("write sent slots again") as now:
+        with self.round_trip("write sent slots again") as now:
             again: list[Claim] = []
             for claim in dict.fromkeys(sent):
                 row = self.state.slots.get(claim.key)
@@ -422,15 +315,14 @@ class MemoryStore(Store):
                 changed += 1
             self.state.schedule_log = [r for r in self.state.schedule_log if r.at_us <= after_us]
             if break_connection:
-                self.interruptions += 1
-                self._broken = True
+                self.break_connection()
         return changed
 
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         """See :meth:`.SlotStore.release`."""
         if not claims:
             return
-        with self._round_trip("release") as now:
+        with self.round_trip("release") as now:
             for claim in claims:
                 row = self.state.slots.get(claim.key)
                 if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
@@ -438,7 +330,7 @@ class MemoryStore(Store):
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         """See :meth:`.SlotStore.take_over`."""
-        with self._round_trip("take over") as now:
+        with self.round_trip("take over") as now:
             abandoned = sorted(
                 (
                     key
@@ -464,7 +356,7 @@ class MemoryStore(Store):
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
-        with self._round_trip("prune") as now:
+        with self.round_trip("prune") as now:
             if self.state.prune_next_us > now:
                 return None
             self.state.prune_next_us = now + every_us
@@ -484,14 +376,14 @@ class MemoryStore(Store):
 
     def recent_owners(self, window_us: int) -> list[str]:
         """See :meth:`.SlotStore.recent_owners`."""
-        with self._round_trip("recent owners") as now:
+        with self.round_trip("recent owners") as now:
             return sorted(
                 {row.owner for k, row in self.state.slots.items() if k.slot_us > now - window_us}
             )
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.FleetStore.heartbeat`."""
-        with self._round_trip("heartbeat") as now:
+        with self.round_trip("heartbeat") as now:
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
             self.state.replicas[info.id] = row
             self.open_claims = sum(1 for r in self.state.slots.values() if r.state == 0)
@@ -504,19 +396,19 @@ class MemoryStore(Store):
 
     def stopped(self, replica_id: str) -> None:
         """See :meth:`.FleetStore.stopped`."""
-        with self._round_trip("mark replica stopped") as now:
+        with self.round_trip("mark replica stopped") as now:
             if replica_id in self.state.replicas:
                 self.state.replicas[replica_id]["stopped_us"] = now
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
         """See :meth:`.FleetStore.publish_catalog`."""
-        with self._round_trip("publish catalog"):
+        with self.round_trip("publish catalog"):
             self.state.catalog[replica_id] = {e.entry: e for e in entries}
 
     def prune_fleet(self, retention_us: int) -> int:
         """See :meth:`.FleetStore.prune_fleet` (replica rows and catalogs; run-now
         requests have no rows of their own here)."""
-        with self._round_trip("prune fleet") as now:
+        with self.round_trip("prune fleet") as now:
             gone = [
                 rid
                 for rid, row in self.state.replicas.items()
@@ -536,7 +428,7 @@ class MemoryStore(Store):
 
     def pauses(self) -> list[Pause]:
         """See :meth:`.FleetStore.pauses`."""
-        with self._round_trip("read pauses") as now:
+        with self.round_trip("read pauses") as now:
             return sorted(
                 (p for p in self.state.pauses.values() if p.until_us is None or p.until_us > now),
                 key=lambda p: p.entry,
@@ -551,7 +443,7 @@ class MemoryStore(Store):
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
         """See :meth:`.SingletonStore.acquire_lease`."""
-        with self._round_trip("acquire lease") as now:
+        with self.round_trip("acquire lease") as now:
             lock = self.state.leases.get(key)
             if lock is not None and lock.expires_us >= now:
                 return Busy(lock.owner, lock.expires_us)
@@ -561,7 +453,7 @@ class MemoryStore(Store):
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
         """See :meth:`.SingletonStore.renew_lease`."""
-        with self._round_trip("renew lease") as now:
+        with self.round_trip("renew lease") as now:
             lock = self.state.leases.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
                 return None
@@ -570,7 +462,7 @@ class MemoryStore(Store):
 
     def release_lease(self, lease: Lease) -> bool:
         """See :meth:`.SingletonStore.release_lease`."""
-        with self._round_trip("release lease"):
+        with self.round_trip("release lease"):
             lock = self.state.leases.get(lease.key)
             if lock is None or lock.token != lease.token or lock.expires_us <= 0:
                 return False
@@ -579,13 +471,13 @@ class MemoryStore(Store):
 
     def lease_holds(self, key: str, token: int) -> bool:
         """See :meth:`.SingletonStore.lease_holds`."""
-        with self._round_trip("check lease") as now:
+        with self.round_trip("check lease") as now:
             lock = self.state.leases.get(key)
             return lock is not None and lock.token == token and lock.expires_us > now
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
         """See :meth:`.SingletonStore.begin_run`."""
-        with self._round_trip("begin run") as now:
+        with self.round_trip("begin run") as now:
             key = SlotKey(run.entry, run.slot_us)
             row = self.state.runs.get(key)
             if row is None:
@@ -605,7 +497,7 @@ class MemoryStore(Store):
         """See :meth:`.SingletonStore.reassert_runs`."""
         if not records:
             return []
-        with self._round_trip("write run rows again"):
+        with self.round_trip("write run rows again"):
             again: list[RunRecord] = []
             for record in records:
                 run = record.run
@@ -638,7 +530,7 @@ class MemoryStore(Store):
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
         """See :meth:`.SingletonStore.renew_run`."""
-        with self._round_trip("renew run") as now:
+        with self.round_trip("renew run") as now:
             row = self._own_run(run)
             if row is not None:
                 row.expires_us = now + ttl_us
@@ -646,7 +538,7 @@ class MemoryStore(Store):
 
     def finish_run(self, run: Run, outcome: str) -> bool:
         """See :meth:`.SingletonStore.finish_run`."""
-        with self._round_trip("finish run") as now:
+        with self.round_trip("finish run") as now:
             row = self._own_run(run)
             if row is not None:
                 row.state, row.finished_us, row.outcome = 1, now, outcome
@@ -654,7 +546,7 @@ class MemoryStore(Store):
 
     def abandon_run(self, run: Run) -> bool:
         """See :meth:`.SingletonStore.abandon_run`."""
-        with self._round_trip("abandon run"):
+        with self.round_trip("abandon run"):
             row = self._own_run(run)
             if row is not None:
                 row.expires_us = 0
@@ -662,7 +554,7 @@ class MemoryStore(Store):
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SingletonStore.prune_singletons`."""
-        with self._round_trip("prune singletons") as now:
+        with self.round_trip("prune singletons") as now:
             if self.state.prune_singletons_next_us > now:
                 return None
             self.state.prune_singletons_next_us = now + every_us
@@ -706,7 +598,7 @@ class MemoryStore(Store):
         check_batch(writes, by, why)
         if not writes:
             return []
-        with self._round_trip("write schedules") as now:
+        with self.round_trip("write schedules") as now:
             revision = self.state.revision_counter + 1
             stored = {
                 w.name: self.state.schedules[w.name]
@@ -733,20 +625,20 @@ class MemoryStore(Store):
 
     def schedule_rows(self) -> tuple[list[ScheduleRow], int]:
         """See :meth:`.ScheduleStore.schedule_rows`."""
-        with self._round_trip("read schedules"):
+        with self.round_trip("read schedules"):
             rows = sorted((r for r in self.state.schedules.values() if not r.deleted), key=_by_name)
             # the floor when higher: the prune may have deleted the newest tombstone
             return rows, max(self.state.top_revision(), self.state.schedule_floor)
 
     def schedule_row(self, name: str) -> ScheduleRow | None:
         """See :meth:`.ScheduleStore.schedule_row`."""
-        with self._round_trip("read schedule"):
+        with self.round_trip("read schedule"):
             row = self.state.schedules.get(name)
             return None if row is None or row.deleted else row
 
     def schedule_feed(self, after: int) -> ScheduleFeed:
         """See :meth:`.ScheduleStore.schedule_feed`."""
-        with self._round_trip("read schedule feed"):
+        with self.round_trip("read schedule feed"):
             rows = sorted(
                 (r for r in self.state.schedules.values() if r.revision > after),
                 key=lambda r: (r.revision, r.name),
@@ -757,20 +649,20 @@ class MemoryStore(Store):
     def feed_versions(self) -> int:
         """See :meth:`.ScheduleStore.feed_versions`; the control version is the
         one :meth:`pause`, :meth:`resume` and :meth:`request_run` raise."""
-        with self._round_trip("read feed versions"):
+        with self.round_trip("read feed versions"):
             self.schedule_revision = self.state.top_revision()
             return self.schedule_revision
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         """See :meth:`.ScheduleStore.schedule_log`."""
-        with self._round_trip("read schedule log"):
+        with self.round_trip("read schedule log"):
             rows = [r for r in self.state.schedule_log if name is None or r.name == name]
             rows.sort(key=lambda r: (-r.revision, r.name))
             return rows[: max(limit, 0)]
 
     def prune_schedules(self, tombstones_us: int, log_us: int) -> int:
         """See :meth:`.ScheduleStore.prune_schedules`."""
-        with self._round_trip("prune schedules") as now:
+        with self.round_trip("prune schedules") as now:
             old = [
                 r
                 for r in self.state.schedules.values()
@@ -786,7 +678,7 @@ class MemoryStore(Store):
 
     def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
         """See :meth:`.ScheduleStore.catalogued`."""
-        with self._round_trip("read the catalogued names") as now:
+        with self.round_trip("read the catalogued names") as now:
             found: dict[str, list[str]] = {}
             for rid, r in sorted(self.state.replicas.items()):
                 if not replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now):
@@ -797,13 +689,5 @@ class MemoryStore(Store):
 
     def sent_count(self, name: str, since_us: int) -> int:
         """See :meth:`.ScheduleStore.sent_count`."""
-        with self._round_trip("count sent slots"):
+        with self.round_trip("count sent slots"):
             return sum(1 for k in self.state.slots if k.entry == name and k.slot_us >= since_us)
-
-    def ping(self) -> int:
-        """See :meth:`.StoreConnection.ping`."""
-        with self._round_trip("ping", schema=False) as now:
-            return now
-
-    def close(self) -> None:
-        """Nothing to release; the data stays, for other replicas sharing the store."""
