@@ -37,13 +37,10 @@ raises :class:`.StoreUnavailable`), and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...store.base import (
-    EARLY_TOLERANCE_US,
-    PAUSE_ALL,
-    STALE_DEFINITION_US,
     Busy,
     CatalogEntry,
     Claim,
@@ -65,9 +62,11 @@ from ...store.base import (
     Written,
 )
 from ...store.schedule_edits import check_batch, plan
+from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
 from .connection import MemoryConnection
-from .state import MemoryEntry, MemoryLease, MemoryRun, MemorySlot, SlotRow
+from .slots import MemorySlots
+from .state import MemoryLease, MemoryRun, MemorySlot, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
 
@@ -98,6 +97,16 @@ class MemoryStore(MemoryConnection, Store):
     changes a row by hand (expires a lease, loses a confirm) holds
     ``state.lock`` while it does.
     """
+
+    def __init__(
+        self,
+        now_us: Callable[[], int] | None = None,
+        *,
+        clock: DatabaseClock | None = None,
+    ) -> None:
+        super().__init__(now_us, clock=clock)
+        #: the beat's slots (SlotStore): register, claim, confirm, take over, prune
+        self.slots = MemorySlots(self)
 
     # -- test helpers ------------------------------------------------------
 
@@ -153,121 +162,7 @@ class MemoryStore(MemoryConnection, Store):
             self.controls_version = (self.controls_version or 0) + 1
             return SlotKey(entry, slot_us)
 
-    def _paused(self, entry: str, now: int) -> bool:
-        for name in (entry, PAUSE_ALL):
-            pause = self.state.pauses.get(name)
-            if pause is not None and (pause.until_us is None or pause.until_us > now):
-                return True
-        return False
-
     # -- Store -------------------------------------------------------------
-
-    def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
-        """See :meth:`.SlotStore.register`."""
-        with self.round_trip("register entries") as now:
-            wanted = set(names)
-            for name in sorted(wanted):
-                self.state.entries.setdefault(name, MemoryEntry(anchor_us=now))
-            latest: dict[str, int] = {}
-            for key in self.state.slots:
-                if key.entry in wanted and key.slot_us > latest.get(key.entry, -1):
-                    latest[key.entry] = key.slot_us
-            out: dict[str, EntryState] = {}
-            for name in wanted:
-                entry = self.state.entries[name]
-                candidates = [
-                    v for v in (entry.last_slot_us, latest.get(name)) if v is not None and v >= 0
-                ]
-                out[name] = EntryState(name, entry.anchor_us, max(candidates, default=None))
-            return out
-
-    def claim(
-        self,
-        owner: str,
-        slots: Sequence[SlotKey],
-        lease_us: int,
-        revisions: Mapping[str, Written] | None = None,
-    ) -> list[Claim]:
-        """See :meth:`.SlotStore.claim`."""
-        if not slots:
-            return []
-        with self.round_trip("claim") as now:
-            won: list[Claim] = []
-            for key in sorted({SlotKey(s.entry, s.slot_us) for s in slots}):
-                entry = self.state.entries.get(key.entry)
-                mark = -1 if entry is None or entry.last_slot_us is None else entry.last_slot_us
-                if entry is None or key.slot_us <= mark or key.slot_us > now + EARLY_TOLERANCE_US:
-                    continue
-                if self.state.pauses and self._paused(key.entry, now):
-                    continue
-                if revisions and self._stale(
-                    key.entry, revisions.get(key.entry), max(now, key.slot_us)
-                ):
-                    continue
-                row = self.state.slots.get(key)
-                if row is None:
-                    self.state.slots[key] = MemorySlot(0, owner, 1, now + lease_us, now)
-                    won.append(Claim(key.entry, key.slot_us, 1))
-                elif row.state == 0 and (row.lease_until_us < now or row.owner == owner):
-                    row.owner, row.fence = owner, row.fence + 1
-                    row.lease_until_us, row.claimed_us = now + lease_us, now
-                    won.append(Claim(key.entry, key.slot_us, row.fence))
-            return won
-
-    def _stored_live(self, entry: str) -> bool:
-        """An enabled stored entry (the SQL take_over's ``_stored``)."""
-        row = self.state.schedules.get(entry)
-        return row is not None and row.enabled and not row.deleted
-
-    def _stale(self, entry: str, written: Written | None, latest: int) -> bool:
-        """As the SQL claim: a stored entry replaced (another write, also one
-        that took the same revision number) more than a second before
-        ``latest`` (the later of now and the slot's instant)."""
-        if written is None or written.revision <= 0:
-            return False
-        row = self.state.schedules.get(entry)
-        if row is None or (row.revision, row.updated_us) == written:
-            return False
-        if row.updated_us + STALE_DEFINITION_US < latest:
-            return True
-        # the first write after the claimer's, from the history
-        return any(
-            r.name == entry and written.at_us < r.at_us < latest - STALE_DEFINITION_US
-            for r in self.state.schedule_log
-        )
-
-    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
-        """See :meth:`.SlotStore.confirm`."""
-        if not claims:
-            return []
-        with self.round_trip("confirm") as now:
-            done: list[Claim] = []
-            for claim in dict.fromkeys(claims):
-                row = self.state.slots.get(claim.key)
-                if row is None or row.owner != owner or row.fence != claim.fence:
-                    continue
-                if row.state == 0:
-                    row.state, row.sent_us = 1, now
-                # already sent by this owner: a retried confirm, still ours
-                done.append(claim)
-            return done
-
-    def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
-        """See :meth:`.SlotStore.reassert`."""
-        if not sent:
-            return []
-        with self.round_trip("write sent slots again") as now:
-            again: list[Claim] = []
-            for claim in dict.fromkeys(sent):
-                row = self.state.slots.get(claim.key)
-                if row is None:
-                    self.state.slots[claim.key] = MemorySlot(1, owner, claim.fence, 0, now, now)
-                elif row.state == 0 and row.owner == owner and row.fence == claim.fence:
-                    row.state, row.sent_us = 1, row.sent_us if row.sent_us is not None else now
-                else:
-                    continue
-                again.append(claim)
-            return sorted(again, key=lambda c: (c.slot_us, c.entry))
 
     def lose_writes(self, after_us: int, *, break_connection: bool = True) -> int:
         """What a failover to a standby that lagged behind does: forget every
@@ -281,21 +176,8 @@ class MemoryStore(MemoryConnection, Store):
         pooler in front of the database moved its own connections to the
         promoted standby). SingletonTask's run rows too. Returns how many rows changed.
         A test helper, not a round trip."""
-        changed = 0
         with self.state.lock:
-            for key, row in list(self.state.slots.items()):
-                if row.claimed_us > after_us:
-                    del self.state.slots[key]
-                    changed += 1
-                elif row.state == 1 and row.sent_us is not None and row.sent_us > after_us:
-                    row.state, row.sent_us = 0, None
-                    changed += 1
-            # entries registered since: their rows are gone too (the claim
-            # refuses a slot of an entry with no row)
-            for name, entry in list(self.state.entries.items()):
-                if entry.anchor_us > after_us:
-                    del self.state.entries[name]
-                    changed += 1
+            changed = self.slots.lose_writes(after_us)
             for key, run in list(self.state.runs.items()):
                 if run.started_us > after_us:
                     del self.state.runs[key]
@@ -318,68 +200,43 @@ class MemoryStore(MemoryConnection, Store):
                 self.break_connection()
         return changed
 
+    def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
+        """See :meth:`.SlotStore.register`."""
+        return self.slots.register(names, owner)
+
+    def claim(
+        self,
+        owner: str,
+        slots: Sequence[SlotKey],
+        lease_us: int,
+        revisions: Mapping[str, Written] | None = None,
+    ) -> list[Claim]:
+        """See :meth:`.SlotStore.claim`."""
+        return self.slots.claim(owner, slots, lease_us, revisions)
+
+    def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
+        """See :meth:`.SlotStore.confirm`."""
+        return self.slots.confirm(owner, claims)
+
+    def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
+        """See :meth:`.SlotStore.reassert`."""
+        return self.slots.reassert(owner, sent)
+
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         """See :meth:`.SlotStore.release`."""
-        if not claims:
-            return
-        with self.round_trip("release") as now:
-            for claim in claims:
-                row = self.state.slots.get(claim.key)
-                if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
-                    row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
+        self.slots.release(owner, claims, retry_in_us)
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
         """See :meth:`.SlotStore.take_over`."""
-        with self.round_trip("take over") as now:
-            abandoned = sorted(
-                (
-                    key
-                    for key, row in self.state.slots.items()
-                    if row.state == 0
-                    and row.lease_until_us < now
-                    and not (self.state.pauses and self._paused(key.entry, now))
-                    and (
-                        row.fence > 0
-                        or key.entry in self.state.catalog.get(owner, {})
-                        or self._stored_live(key.entry)
-                    )
-                ),
-                key=lambda k: (k.slot_us, k.entry),
-            )
-            taken: list[Claim] = []
-            for key in abandoned[: max(limit, 0)]:
-                row = self.state.slots[key]
-                row.owner, row.fence = owner, row.fence + 1
-                row.lease_until_us, row.claimed_us = now + lease_us, now
-                taken.append(Claim(key.entry, key.slot_us, row.fence))
-            return taken
+        return self.slots.take_over(owner, lease_us, limit)
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
-        with self.round_trip("prune") as now:
-            if self.state.prune_next_us > now:
-                return None
-            self.state.prune_next_us = now + every_us
-            cutoff = now - retention_us
-            old = [
-                k for k, row in self.state.slots.items() if row.state == 1 and k.slot_us < cutoff
-            ]
-            for key in old:
-                entry = self.state.entries.get(key.entry)
-                if entry is not None and (
-                    entry.last_slot_us is None or entry.last_slot_us < key.slot_us
-                ):
-                    entry.last_slot_us = key.slot_us
-            for key in old:
-                del self.state.slots[key]
-            return len(old)
+        return self.slots.prune(retention_us, every_us)
 
     def recent_owners(self, window_us: int) -> list[str]:
         """See :meth:`.SlotStore.recent_owners`."""
-        with self.round_trip("recent owners") as now:
-            return sorted(
-                {row.owner for k, row in self.state.slots.items() if k.slot_us > now - window_us}
-            )
+        return self.slots.recent_owners(window_us)
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.FleetStore.heartbeat`."""
