@@ -65,6 +65,7 @@ from ...store.schedule_edits import check_batch, plan
 from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
 from .connection import MemoryConnection
+from .fleet import MemoryFleet
 from .slots import MemorySlots
 from .state import MemoryLease, MemoryRun, MemorySlot, SlotRow
 
@@ -107,6 +108,8 @@ class MemoryStore(MemoryConnection, Store):
         super().__init__(now_us, clock=clock)
         #: the beat's slots (SlotStore): register, claim, confirm, take over, prune
         self.slots = MemorySlots(self)
+        #: the fleet as replicas see it (FleetStore): heartbeat, catalog, pauses
+        self.fleet = MemoryFleet(self)
 
     # -- test helpers ------------------------------------------------------
 
@@ -240,56 +243,30 @@ class MemoryStore(MemoryConnection, Store):
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.FleetStore.heartbeat`."""
-        with self.round_trip("heartbeat") as now:
-            row = dict(info._asdict(), seen_us=now, stopped_us=None)
-            self.state.replicas[info.id] = row
-            self.open_claims = sum(1 for r in self.state.slots.values() if r.state == 0)
-            self.schedule_revision = self.state.top_revision()
-            return sorted(
-                rid
-                for rid, r in self.state.replicas.items()
-                if replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now)
-            )
+        return self.fleet.heartbeat(info)
 
     def stopped(self, replica_id: str) -> None:
         """See :meth:`.FleetStore.stopped`."""
-        with self.round_trip("mark replica stopped") as now:
-            if replica_id in self.state.replicas:
-                self.state.replicas[replica_id]["stopped_us"] = now
+        self.fleet.stopped(replica_id)
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
         """See :meth:`.FleetStore.publish_catalog`."""
-        with self.round_trip("publish catalog"):
-            self.state.catalog[replica_id] = {e.entry: e for e in entries}
+        self.fleet.publish_catalog(replica_id, entries)
 
     def prune_fleet(self, retention_us: int) -> int:
         """See :meth:`.FleetStore.prune_fleet` (replica rows and catalogs; run-now
         requests have no rows of their own here)."""
-        with self.round_trip("prune fleet") as now:
-            gone = [
-                rid
-                for rid, row in self.state.replicas.items()
-                if (row["stopped_us"] or row["seen_us"]) < now - retention_us
-            ]
-            for rid in gone:
-                del self.state.replicas[rid]
-            orphans = [rid for rid in self.state.catalog if rid not in self.state.replicas]
-            rows = sum(len(self.state.catalog.pop(rid)) for rid in orphans)
-            return len(gone) + rows
+        return self.fleet.prune_fleet(retention_us)
 
     def listen(self) -> ControlListener | None:
         """See :meth:`.FleetStore.listen`: no channel here (None); a replica reads
         :attr:`.FleetStore.controls_version`, which :meth:`pause`, :meth:`resume` and
         :meth:`request_run` raise, at its next claim or heartbeat."""
-        return None
+        return self.fleet.listen()
 
     def pauses(self) -> list[Pause]:
         """See :meth:`.FleetStore.pauses`."""
-        with self.round_trip("read pauses") as now:
-            return sorted(
-                (p for p in self.state.pauses.values() if p.until_us is None or p.until_us > now),
-                key=lambda p: p.entry,
-            )
+        return self.fleet.pauses()
 
     # -- singleton keys and runs ----------------------------------------
 
