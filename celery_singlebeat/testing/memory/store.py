@@ -52,7 +52,6 @@ from ...store.base import (
     Run,
     RunBegin,
     RunRecord,
-    RunStatus,
     ScheduleFeed,
     ScheduleLogRow,
     ScheduleRow,
@@ -66,8 +65,9 @@ from ...timeline.clock import DatabaseClock
 from ...timeline.membership import replica_live
 from .connection import MemoryConnection
 from .fleet import MemoryFleet
+from .singletons import MemorySingletons
 from .slots import MemorySlots
-from .state import MemoryLease, MemoryRun, MemorySlot, SlotRow
+from .state import MemorySlot, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
 
@@ -110,6 +110,8 @@ class MemoryStore(MemoryConnection, Store):
         self.slots = MemorySlots(self)
         #: the fleet as replicas see it (FleetStore): heartbeat, catalog, pauses
         self.fleet = MemoryFleet(self)
+        #: SingletonTask's leases and runs (SingletonStore)
+        self.singletons = MemorySingletons(self)
 
     # -- test helpers ------------------------------------------------------
 
@@ -181,13 +183,7 @@ class MemoryStore(MemoryConnection, Store):
         A test helper, not a round trip."""
         with self.state.lock:
             changed = self.slots.lose_writes(after_us)
-            for key, run in list(self.state.runs.items()):
-                if run.started_us > after_us:
-                    del self.state.runs[key]
-                    changed += 1
-                elif run.finished_us is not None and run.finished_us > after_us:
-                    run.state, run.finished_us, run.outcome = 0, None, None
-                    changed += 1
+            changed += self.singletons.lose_writes(after_us)
             # the stored schedules as they were, and their revision counter:
             # the next write takes a number the lost ones had
             while self.state.schedule_undo and self.state.schedule_undo[-1][0] > after_us:
@@ -277,138 +273,43 @@ class MemoryStore(MemoryConnection, Store):
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
         """See :meth:`.SingletonStore.acquire_lease`."""
-        with self.round_trip("acquire lease") as now:
-            lock = self.state.leases.get(key)
-            if lock is not None and lock.expires_us >= now:
-                return Busy(lock.owner, lock.expires_us)
-            token = now if lock is None else max(lock.token + 1, now)
-            self.state.leases[key] = MemoryLease(token, owner, now + ttl_us, now)
-            return Lease(key, token, now + ttl_us)
+        return self.singletons.acquire_lease(key, owner, ttl_us)
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
         """See :meth:`.SingletonStore.renew_lease`."""
-        with self.round_trip("renew lease") as now:
-            lock = self.state.leases.get(lease.key)
-            if lock is None or lock.token != lease.token or lock.expires_us <= 0:
-                return None
-            lock.expires_us = now + ttl_us
-            return lease._replace(expires_us=lock.expires_us)
+        return self.singletons.renew_lease(lease, ttl_us)
 
     def release_lease(self, lease: Lease) -> bool:
         """See :meth:`.SingletonStore.release_lease`."""
-        with self.round_trip("release lease"):
-            lock = self.state.leases.get(lease.key)
-            if lock is None or lock.token != lease.token or lock.expires_us <= 0:
-                return False
-            lock.expires_us = 0
-            return True
+        return self.singletons.release_lease(lease)
 
     def lease_holds(self, key: str, token: int) -> bool:
         """See :meth:`.SingletonStore.lease_holds`."""
-        with self.round_trip("check lease") as now:
-            lock = self.state.leases.get(key)
-            return lock is not None and lock.token == token and lock.expires_us > now
+        return self.singletons.lease_holds(key, token)
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
         """See :meth:`.SingletonStore.begin_run`."""
-        with self.round_trip("begin run") as now:
-            key = SlotKey(run.entry, run.slot_us)
-            row = self.state.runs.get(key)
-            if row is None:
-                self.state.runs[key] = MemoryRun(run.run_id, 0, owner, task_id, now + ttl_us, now)
-                return RunBegin(RunStatus.STARTED, owner, None)
-            if row.state == 0 and row.expires_us < now:
-                row.run_id, row.owner, row.task_id = run.run_id, owner, task_id
-                row.expires_us, row.started_us = now + ttl_us, now
-                row.attempts += 1
-                return RunBegin(RunStatus.STARTED, owner, None)
-            row.repeats += 1
-            row.last_repeat_us = now
-            status = RunStatus.FINISHED if row.state == 1 else RunStatus.RUNNING
-            return RunBegin(status, row.owner, row.outcome)
+        return self.singletons.begin_run(run, owner, task_id, ttl_us)
 
     def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
         """See :meth:`.SingletonStore.reassert_runs`."""
-        if not records:
-            return []
-        with self.round_trip("write run rows again"):
-            again: list[RunRecord] = []
-            for record in records:
-                run = record.run
-                key = SlotKey(run.entry, run.slot_us)
-                row = self.state.runs.get(key)
-                finished = record.outcome is not None
-                if row is None:
-                    self.state.runs[key] = MemoryRun(
-                        run.run_id,
-                        1 if finished else 0,
-                        record.owner,
-                        record.task_id,
-                        record.expires_us,
-                        record.started_us,
-                        finished_us=record.finished_us,
-                        outcome=record.outcome,
-                    )
-                elif finished and row.state == 0 and row.run_id == run.run_id:
-                    row.state, row.finished_us, row.outcome = 1, record.finished_us, record.outcome
-                else:
-                    continue
-                again.append(record)
-            return again
-
-    def _own_run(self, run: Run) -> MemoryRun | None:
-        row = self.state.runs.get(SlotKey(run.entry, run.slot_us))
-        if row is None or row.run_id != run.run_id or row.state != 0:
-            return None
-        return row
+        return self.singletons.reassert_runs(records)
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
         """See :meth:`.SingletonStore.renew_run`."""
-        with self.round_trip("renew run") as now:
-            row = self._own_run(run)
-            if row is not None:
-                row.expires_us = now + ttl_us
-            return row is not None
+        return self.singletons.renew_run(run, ttl_us)
 
     def finish_run(self, run: Run, outcome: str) -> bool:
         """See :meth:`.SingletonStore.finish_run`."""
-        with self.round_trip("finish run") as now:
-            row = self._own_run(run)
-            if row is not None:
-                row.state, row.finished_us, row.outcome = 1, now, outcome
-            return row is not None
+        return self.singletons.finish_run(run, outcome)
 
     def abandon_run(self, run: Run) -> bool:
         """See :meth:`.SingletonStore.abandon_run`."""
-        with self.round_trip("abandon run"):
-            row = self._own_run(run)
-            if row is not None:
-                row.expires_us = 0
-            return row is not None
+        return self.singletons.abandon_run(run)
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SingletonStore.prune_singletons`."""
-        with self.round_trip("prune singletons") as now:
-            if self.state.prune_singletons_next_us > now:
-                return None
-            self.state.prune_singletons_next_us = now + every_us
-            cutoff = now - retention_us
-            runs = [
-                k
-                for k, r in self.state.runs.items()
-                if (r.state == 1 and (r.finished_us or 0) < cutoff)
-                or (r.state == 0 and r.expires_us < now and r.started_us < cutoff)
-            ]
-            locks = [
-                name
-                for name, lock in self.state.leases.items()
-                if lock.expires_us < now and lock.acquired_us < cutoff and lock.token < cutoff
-            ]
-            for k in runs:
-                del self.state.runs[k]
-            for name in locks:
-                del self.state.leases[name]
-            return len(runs) + len(locks)
+        return self.singletons.prune_singletons(retention_us, every_us)
 
     # -- stored schedules ---------------------------------------------------
 
