@@ -60,20 +60,15 @@ from ...store.base import (
     Store,
     Written,
 )
-from ...store.schedule_edits import check_batch, plan
 from ...timeline.clock import DatabaseClock
-from ...timeline.membership import replica_live
 from .connection import MemoryConnection
 from .fleet import MemoryFleet
+from .schedules import MemorySchedules
 from .singletons import MemorySingletons
 from .slots import MemorySlots
 from .state import MemorySlot, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
-
-
-def _by_name(row: ScheduleRow) -> str:
-    return row.name
 
 
 class MemoryStore(MemoryConnection, Store):
@@ -112,6 +107,8 @@ class MemoryStore(MemoryConnection, Store):
         self.fleet = MemoryFleet(self)
         #: SingletonTask's leases and runs (SingletonStore)
         self.singletons = MemorySingletons(self)
+        #: stored schedules (ScheduleStore): their rows, change feed and history
+        self.schedules = MemorySchedules(self)
 
     # -- test helpers ------------------------------------------------------
 
@@ -184,17 +181,7 @@ class MemoryStore(MemoryConnection, Store):
         with self.state.lock:
             changed = self.slots.lose_writes(after_us)
             changed += self.singletons.lose_writes(after_us)
-            # the stored schedules as they were, and their revision counter:
-            # the next write takes a number the lost ones had
-            while self.state.schedule_undo and self.state.schedule_undo[-1][0] > after_us:
-                _at, counter, name, before = self.state.schedule_undo.pop()
-                if before is None:
-                    self.state.schedules.pop(name, None)
-                else:
-                    self.state.schedules[name] = before
-                self.state.revision_counter = counter
-                changed += 1
-            self.state.schedule_log = [r for r in self.state.schedule_log if r.at_us <= after_us]
+            changed += self.schedules.lose_writes(after_us)
             if break_connection:
                 self.break_connection()
         return changed
@@ -324,105 +311,37 @@ class MemoryStore(MemoryConnection, Store):
         decision under the store's lock, so revisions are visible in order by
         construction. ``connection`` is not supported (there is no caller's
         transaction to join in memory): TypeError."""
-        if connection is not None:
-            raise TypeError(
-                "MemoryStore.write_schedules: connection= is not supported: the memory "
-                "store has no transactions to join; call it without a connection"
-            )
-        writes = list(writes)
-        check_batch(writes, by, why)
-        if not writes:
-            return []
-        with self.round_trip("write schedules") as now:
-            revision = self.state.revision_counter + 1
-            stored = {
-                w.name: self.state.schedules[w.name]
-                for w in writes
-                if w.name in self.state.schedules
-            }
-            edits = plan(writes, stored, by, revision, now)
-            changed = [e for e in edits if e.action is not None]
-            if changed:
-                for edit in changed:
-                    before = stored.get(edit.after.name)
-                    self.state.schedule_undo.append(
-                        (now, self.state.revision_counter, edit.after.name, before)
-                    )
-                self.state.revision_counter = revision
-                for edit in changed:
-                    self.state.schedules[edit.after.name] = edit.after
-                    self.state.schedule_log.append(
-                        ScheduleLogRow(
-                            revision, edit.after.name, edit.action or "", by, why, now, edit.changes
-                        )
-                    )
-            return [e.after for e in edits]
+        return self.schedules.write_schedules(writes, by, why, connection)
 
     def schedule_rows(self) -> tuple[list[ScheduleRow], int]:
         """See :meth:`.ScheduleStore.schedule_rows`."""
-        with self.round_trip("read schedules"):
-            rows = sorted((r for r in self.state.schedules.values() if not r.deleted), key=_by_name)
-            # the floor when higher: the prune may have deleted the newest tombstone
-            return rows, max(self.state.top_revision(), self.state.schedule_floor)
+        return self.schedules.schedule_rows()
 
     def schedule_row(self, name: str) -> ScheduleRow | None:
         """See :meth:`.ScheduleStore.schedule_row`."""
-        with self.round_trip("read schedule"):
-            row = self.state.schedules.get(name)
-            return None if row is None or row.deleted else row
+        return self.schedules.schedule_row(name)
 
     def schedule_feed(self, after: int) -> ScheduleFeed:
         """See :meth:`.ScheduleStore.schedule_feed`."""
-        with self.round_trip("read schedule feed"):
-            rows = sorted(
-                (r for r in self.state.schedules.values() if r.revision > after),
-                key=lambda r: (r.revision, r.name),
-            )
-            cursor = max((r.revision for r in rows), default=after)
-            return ScheduleFeed(rows, cursor, after >= self.state.schedule_floor)
+        return self.schedules.schedule_feed(after)
 
     def feed_versions(self) -> int:
         """See :meth:`.ScheduleStore.feed_versions`; the control version is the
         one :meth:`pause`, :meth:`resume` and :meth:`request_run` raise."""
-        with self.round_trip("read feed versions"):
-            self.schedule_revision = self.state.top_revision()
-            return self.schedule_revision
+        return self.schedules.feed_versions()
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         """See :meth:`.ScheduleStore.schedule_log`."""
-        with self.round_trip("read schedule log"):
-            rows = [r for r in self.state.schedule_log if name is None or r.name == name]
-            rows.sort(key=lambda r: (-r.revision, r.name))
-            return rows[: max(limit, 0)]
+        return self.schedules.schedule_log(name, limit)
 
     def prune_schedules(self, tombstones_us: int, log_us: int) -> int:
         """See :meth:`.ScheduleStore.prune_schedules`."""
-        with self.round_trip("prune schedules") as now:
-            old = [
-                r
-                for r in self.state.schedules.values()
-                if r.deleted and r.updated_us < now - tombstones_us
-            ]
-            self.state.schedule_floor = max([self.state.schedule_floor, *(r.revision for r in old)])
-            for row in old:
-                del self.state.schedules[row.name]
-            kept = [r for r in self.state.schedule_log if r.at_us >= now - log_us]
-            gone = len(self.state.schedule_log) - len(kept)
-            self.state.schedule_log = kept
-            return len(old) + gone
+        return self.schedules.prune_schedules(tombstones_us, log_us)
 
     def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
         """See :meth:`.ScheduleStore.catalogued`."""
-        with self.round_trip("read the catalogued names") as now:
-            found: dict[str, list[str]] = {}
-            for rid, r in sorted(self.state.replicas.items()):
-                if not replica_live(r["seen_us"], r["heartbeat_us"], r["stopped_us"], now):
-                    continue
-                for name in self.state.catalog.get(rid, {}).keys() & set(names):
-                    found.setdefault(name, []).append(rid)
-            return {name: found[name] for name in sorted(found)}
+        return self.schedules.catalogued(names)
 
     def sent_count(self, name: str, since_us: int) -> int:
         """See :meth:`.ScheduleStore.sent_count`."""
-        with self.round_trip("count sent slots"):
-            return sum(1 for k in self.state.slots if k.entry == name and k.slot_us >= since_us)
+        return self.schedules.sent_count(name, since_us)
