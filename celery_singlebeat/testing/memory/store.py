@@ -33,6 +33,14 @@ the store (:class:`~celery_singlebeat.testing.MemoryScheduler`)::
 ``store.available = False`` simulates a database outage (every operation
 raises :class:`.StoreUnavailable`), and
 :meth:`MemoryStore.slot_rows` shows what the "database" holds.
+
+The store is one small class per contract, as ``SqlStore`` composes
+``SqlSchedules``: :mod:`.slots` (``SlotStore``), :mod:`.fleet`
+(``FleetStore``), :mod:`.singletons` (``SingletonStore``), :mod:`.schedules`
+(``ScheduleStore``) and :mod:`.operator` (the controls and reads a test does
+as an operator would). Each decides over the tables of :mod:`.state` in one
+round trip of :mod:`.connection`; :class:`MemoryStore` composes them, and
+each of its methods delegates to one of them in one line.
 """
 
 from __future__ import annotations
@@ -63,10 +71,11 @@ from ...store.base import (
 from ...timeline.clock import DatabaseClock
 from .connection import MemoryConnection
 from .fleet import MemoryFleet
+from .operator import MemoryOperator
 from .schedules import MemorySchedules
 from .singletons import MemorySingletons
 from .slots import MemorySlots
-from .state import MemorySlot, SlotRow
+from .state import SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
 
@@ -109,62 +118,40 @@ class MemoryStore(MemoryConnection, Store):
         self.singletons = MemorySingletons(self)
         #: stored schedules (ScheduleStore): their rows, change feed and history
         self.schedules = MemorySchedules(self)
+        #: the operator's side: pause, resume, run now, and the rows a test reads
+        self.operator = MemoryOperator(self)
 
-    # -- test helpers ------------------------------------------------------
-
-    def slot_rows(self) -> list[SlotRow]:
-        """Every slot row, ordered by ``(entry, slot_us)`` (not a round trip)."""
-        with self.state.lock:
-            return [
-                SlotRow(
-                    key.entry,
-                    key.slot_us,
-                    row.state,
-                    row.owner,
-                    row.fence,
-                    row.lease_until_us,
-                    row.claimed_us,
-                    row.sent_us,
-                )
-                for key, row in sorted(self.state.slots.items())
-            ]
-
-    def replica_rows(self) -> dict[str, dict[str, Any]]:
-        """Every replica row, as dicts of its columns (not a round trip)."""
-        with self.state.lock:
-            return {key: dict(row) for key, row in sorted(self.state.replicas.items())}
-
-    def catalog_of(self, replica_id: str) -> dict[str, CatalogEntry]:
-        """The catalog a replica published (not a round trip)."""
-        with self.state.lock:
-            return dict(self.state.catalog.get(replica_id, {}))
+    # -- the operator's controls, and what a test reads (operator.py) ---------
 
     def pause(self, entry: str, until_us: int | None = None, by: str = "test") -> None:
         """What an operator's pause writes (``entry`` "*": every entry)."""
-        with self.round_trip("pause") as now:
-            self.state.pauses[entry] = Pause(entry, until_us, by, "", now)
-            self.controls_version = (self.controls_version or 0) + 1
+        self.operator.pause(entry, until_us, by)
 
     def resume(self, entry: str | None = None) -> None:
         """What an operator's resume writes (None: every pause)."""
-        with self.round_trip("resume"):
-            if entry is None:
-                self.state.pauses.clear()
-            else:
-                self.state.pauses.pop(entry, None)
-            self.controls_version = (self.controls_version or 0) + 1
+        self.operator.resume(entry)
 
     def request_run(self, entry: str) -> SlotKey:
         """What an operator's run-now writes: an abandoned row at fence 0."""
-        with self.round_trip("run now") as now:
-            slot_us = now
-            while SlotKey(entry, slot_us) in self.state.slots:
-                slot_us += 1
-            self.state.slots[SlotKey(entry, slot_us)] = MemorySlot(0, "", 0, 0, now)
-            self.controls_version = (self.controls_version or 0) + 1
-            return SlotKey(entry, slot_us)
+        return self.operator.request_run(entry)
 
-    # -- Store -------------------------------------------------------------
+    def slot_rows(self) -> list[SlotRow]:
+        """Every slot row, ordered by ``(entry, slot_us)`` (not a round trip)."""
+        return self.operator.slot_rows()
+
+    def replica_rows(self) -> dict[str, dict[str, Any]]:
+        """Every replica row, as dicts of its columns (not a round trip)."""
+        return self.operator.replica_rows()
+
+    def catalog_of(self, replica_id: str) -> dict[str, CatalogEntry]:
+        """The catalog a replica published (not a round trip)."""
+        return self.operator.catalog_of(replica_id)
+
+    def run_rows(self) -> dict[SlotKey, dict[str, Any]]:
+        """Every run row (SingletonTask), as dicts of its columns (not a round trip)."""
+        return self.operator.run_rows()
+
+    # -- a failover to a lagging standby: every part's share -------------------
 
     def lose_writes(self, after_us: int, *, break_connection: bool = True) -> int:
         """What a failover to a standby that lagged behind does: forget every
@@ -185,6 +172,8 @@ class MemoryStore(MemoryConnection, Store):
             if break_connection:
                 self.break_connection()
         return changed
+
+    # -- the beat's slots (slots.py) ------------------------------------------
 
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
         """See :meth:`.SlotStore.register`."""
@@ -224,6 +213,8 @@ class MemoryStore(MemoryConnection, Store):
         """See :meth:`.SlotStore.recent_owners`."""
         return self.slots.recent_owners(window_us)
 
+    # -- the fleet as replicas see it (fleet.py) ------------------------------
+
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
         """See :meth:`.FleetStore.heartbeat`."""
         return self.fleet.heartbeat(info)
@@ -251,12 +242,7 @@ class MemoryStore(MemoryConnection, Store):
         """See :meth:`.FleetStore.pauses`."""
         return self.fleet.pauses()
 
-    # -- singleton keys and runs ----------------------------------------
-
-    def run_rows(self) -> dict[SlotKey, dict[str, Any]]:
-        """Every run row (SingletonTask), as dicts of its columns (not a round trip)."""
-        with self.state.lock:
-            return {key: dict(vars(row)) for key, row in sorted(self.state.runs.items())}
+    # -- SingletonTask's leases and runs (singletons.py) -----------------------
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
         """See :meth:`.SingletonStore.acquire_lease`."""
@@ -298,7 +284,7 @@ class MemoryStore(MemoryConnection, Store):
         """See :meth:`.SingletonStore.prune_singletons`."""
         return self.singletons.prune_singletons(retention_us, every_us)
 
-    # -- stored schedules ---------------------------------------------------
+    # -- stored schedules (schedules.py) --------------------------------------
 
     def write_schedules(
         self,
