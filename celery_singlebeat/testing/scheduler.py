@@ -29,7 +29,7 @@ __all__ = ["MemoryScheduler"]
 
 class MemoryScheduler(SingleBeatScheduler):
     """A :class:`~celery_singlebeat.SingleBeatScheduler` that coordinates through a
-    :class:`MemoryStore` instead of a SQL database.
+    :class:`~celery_singlebeat.testing.MemoryStore` instead of a SQL database.
 
     The store is the ``store`` argument, else ``app.conf.singlebeat_memory_store``,
     else a new private one. Schedulers given the same store act as replicas

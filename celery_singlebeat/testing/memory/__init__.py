@@ -1,16 +1,17 @@
-"""The in-memory store, importable as ``celery_singlebeat.testing.memory`` as before.
+"""The in-memory store: the whole storage contract in process memory, one part per contract.
 
-Its code is in :mod:`.store` until it is split by contract. The pytest
-plugin and :mod:`..simulation` import the store and the clock from here; the
-scheduler and the entry source, which run on the store, are in
-:mod:`..scheduler` and :mod:`..source`, and :func:`..sending.send_slot` in a
-module of its own (``celery_singlebeat.testing`` names them all).
+:class:`MemoryStore` (:mod:`.store`) composes :mod:`.slots`, :mod:`.fleet`,
+:mod:`.singletons`, :mod:`.schedules` and :mod:`.operator`, which decide over
+the tables of :mod:`.state` in round trips of :mod:`.connection`.
+``celery_singlebeat.testing`` names the store for users; the pytest plugin
+and :mod:`..simulation` import it from here, with the clock the module had
+before it moved to :mod:`..clock`.
 """
 
 from __future__ import annotations
 
-# the clock left for a module of its own (testing/clock.py); named here too,
-# where the pytest plugin imports it from
+# the clock has a module of its own (testing/clock.py); named here too, where
+# the pytest plugin imports it from
 from ..clock import DEFAULT_START, FakeClock
 from .store import MemoryStore, SlotRow
 
