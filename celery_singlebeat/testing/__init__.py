@@ -1,8 +1,10 @@
 """What your own tests use: an in-memory store and scheduler, a fake clock, the simulation.
 
 :mod:`.memory` holds the in-memory store (the whole storage contract in process
-memory), the scheduler that runs on it and the clock a test moves by hand;
-:mod:`.simulation` runs a fleet of such replicas against scripted faults. Both
+memory), :mod:`.scheduler` the scheduler that runs on it, :mod:`.source` an
+entry source a test edits while replicas run, :mod:`.clock` the clock a test
+moves by hand, and :mod:`.sending` the send of one slot's run without beat;
+:mod:`.simulation` runs a fleet of such replicas against scripted faults. All
 are imported from here as they always were (``from celery_singlebeat.testing
 import MemoryStore``); the pytest plugin's fixtures build them for you
 (docs/testing.md).
@@ -10,15 +12,11 @@ import MemoryStore``); the pytest plugin's fixtures build them for you
 
 from __future__ import annotations
 
-from .memory import (
-    DEFAULT_START,
-    FakeClock,
-    MemoryScheduler,
-    MemorySource,
-    MemoryStore,
-    SlotRow,
-    send_slot,
-)
+from .clock import DEFAULT_START, FakeClock
+from .memory import MemoryStore, SlotRow
+from .scheduler import MemoryScheduler
+from .sending import send_slot
+from .source import MemorySource
 
 __all__ = [
     "DEFAULT_START",

@@ -45,7 +45,9 @@ from ..engine import Environment
 from ..observe.telemetry import NOTHING, Telemetry
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
 from ..timeline.slots import SLOT_HEADER
-from .memory import DEFAULT_START, FakeClock, MemoryScheduler, MemoryStore
+from .clock import DEFAULT_START, FakeClock
+from .memory import MemoryStore
+from .scheduler import MemoryScheduler
 
 __all__ = [
     "DatabaseDown",
@@ -173,7 +175,7 @@ class Fleet:
     """``replicas`` beat replicas of ``app``, on a fake clock and a memory store.
 
     ``start`` sets the clock (default: the clock's own time, or
-    :data:`~celery_singlebeat.testing.memory.DEFAULT_START` for a new clock). Move
+    :data:`~celery_singlebeat.testing.clock.DEFAULT_START` for a new clock). Move
     time with :meth:`run_until` (every replica ticks when it would wake, as
     ``celery beat`` does) or by hand with :meth:`advance` and :meth:`tick`.
     :attr:`sent` lists every run that reached the broker, in order.

@@ -25,7 +25,7 @@ from celery_singlebeat.testing import MemoryStore
 def _lose(db: Backend, key: SlotKey, *, confirm_only: bool) -> None:
     """What the failover lost of ``key``'s row: the whole row, or its confirm."""
     if db.memory is not None:
-        rows = db.memory._slots
+        rows = db.memory.state.slots
         if confirm_only:
             rows[key].state, rows[key].sent_us = 0, None
         else:
@@ -214,7 +214,7 @@ def test_a_broken_connection_is_replaced_and_the_statement_sent_by_default(
 def _lose_run(db: Backend, key: SlotKey, *, finish_only: bool) -> None:
     """What the failover lost of a run row: the whole row, or its finish."""
     if db.memory is not None:
-        rows = db.memory._runs
+        rows = db.memory.state.runs
         if finish_only:
             rows[key].state, rows[key].finished_us, rows[key].outcome = 0, None, None
         else:

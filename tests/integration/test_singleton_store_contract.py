@@ -92,7 +92,7 @@ def run_rows(backend: Backend) -> dict[tuple[str, int], dict[str, Any]]:  # noqa
 def lock_rows(backend: Backend) -> dict[str, dict[str, Any]]:  # noqa: F811
     """Every lock row of the backend's database, by key name (not via a store)."""
     if backend.memory is not None:
-        return {name: dict(vars(lock)) for name, lock in backend.memory._locks.items()}
+        return {name: dict(vars(lock)) for name, lock in backend.memory.state.leases.items()}
     assert backend.url is not None
     locks = Tables(backend.prefix).locks
     engine = direct_engine(backend.url)
@@ -284,7 +284,7 @@ def push_token_ahead(backend: Backend, key: str, by_us: int) -> int:  # noqa: F8
     keeps the token ahead of the clock.
     """
     if backend.memory is not None:
-        lock = backend.memory._locks[key]
+        lock = backend.memory.state.leases[key]
         lock.token += by_us
         return lock.token
     assert backend.url is not None
@@ -347,9 +347,9 @@ def age_rows(backend: Backend, kind: str, key: object, **values: int) -> None:  
     long ago on the database's clock: what a prune test cannot wait an hour for."""
     if backend.memory is not None:
         if kind == "runs":
-            row: object = backend.memory._runs[SlotKey(*key)]  # type: ignore[misc]
+            row: object = backend.memory.state.runs[SlotKey(*key)]  # type: ignore[misc]
         else:
-            row = backend.memory._locks[key]  # type: ignore[index]
+            row = backend.memory.state.leases[key]  # type: ignore[index]
         for column, value in values.items():
             setattr(row, column, value)
         return

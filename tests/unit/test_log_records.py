@@ -418,8 +418,8 @@ def test_a_lost_lease_outside_a_slot(
 
     def stolen(task: Any) -> None:
         seen["token"] = task.singleton.token
-        with store._lock:
-            store._locks["proj.hold"].expires_us = 0
+        with store.state.lock:
+            store.state.leases["proj.hold"].expires_us = 0
         assert isinstance(store.acquire_lease("proj.hold", "thief", 60_000_000), Lease)
         wait_until(lambda: task.singleton.lost, timeout=3)
 

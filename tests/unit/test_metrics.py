@@ -269,8 +269,8 @@ def test_singleton_task_counts_acquired_busy_repeats_renewals_and_lost_leases(
     assert value(registry, "singlebeat_singleton_renewal_seconds_count", **task) == renewals
 
     def stolen(t: Any) -> None:
-        with store._lock:
-            store._locks["proj.hold"].expires_us = 0
+        with store.state.lock:
+            store.state.leases["proj.hold"].expires_us = 0
         store.acquire_lease("proj.hold", "thief", 60_000_000)
         wait_until(lambda: t.singleton.lost, timeout=3)
 

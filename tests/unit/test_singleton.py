@@ -607,8 +607,8 @@ def test_a_lease_taken_over_is_reported_lost(
     def stolen(task: Any) -> None:
         singleton = task.singleton
         # what a takeover after an expiry looks like: the row passes to another token
-        with store._lock:
-            store._locks["proj.hold"].expires_us = 0
+        with store.state.lock:
+            store.state.leases["proj.hold"].expires_us = 0
         thief = store.acquire_lease("proj.hold", "thief", 60_000_000)
         assert isinstance(thief, Lease) and thief.token > singleton.token
         wait_until(lambda: singleton.lost, timeout=3)
@@ -627,8 +627,8 @@ def test_a_lease_taken_over_is_reported_lost(
 
 def test_guard_finds_a_lost_lease_before_the_heartbeat(app: Celery, store: MemoryStore) -> None:
     def stolen(task: Any) -> None:
-        with store._lock:
-            store._locks["proj.hold"].token += 1
+        with store.state.lock:
+            store.state.leases["proj.hold"].token += 1
         with pytest.raises(LeaseLost):
             task.singleton.guard()
         assert task.singleton.lost
