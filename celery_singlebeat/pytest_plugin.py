@@ -28,7 +28,8 @@ import pytest
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from .testing.memory import FakeClock, MemoryStore
+    from .testing.clock import FakeClock
+    from .testing.memory import MemoryStore
     from .testing.simulation import Event, Fleet, Simulation
 
 MARKER = "singlebeat"
@@ -109,7 +110,7 @@ def singlebeat_app(request: pytest.FixtureRequest) -> Any:
 def singlebeat_clock(request: pytest.FixtureRequest) -> FakeClock:
     """A :class:`~celery_singlebeat.testing.FakeClock`, at the marker's ``start``
     (default 2024-01-10 12:00 UTC); it moves only when the test moves it."""
-    from .testing.memory import DEFAULT_START, FakeClock
+    from .testing.clock import DEFAULT_START, FakeClock
 
     start = _marker_kwargs(request).get("start") or DEFAULT_START
     if start.utcoffset() is None:

@@ -29,7 +29,7 @@ class MemorySource(EntrySource):
     engine asks every source for its changes once a tick). Replicas sharing
     one ``MemorySource`` see the same entries, as replicas sharing a database
     will see stored ones. Thread-safe, so a test may edit from another thread.
-    :attr:`sent` records every slot the replicas reported sent (the optional
+    :attr:`sent_slots` records every slot the replicas reported sent (the optional
     write-back), in order.
     """
 
