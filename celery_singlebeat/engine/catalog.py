@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import tzinfo
 
 from ..store.base import CatalogEntry
-from ..timeline.schedule_spec import sequence_of, spec_of
+from ..timeline.catalog_form import sequence_of, spec_of
 
 #: the catalog's column widths (store/schema.py)
 MAX_TASK = 255

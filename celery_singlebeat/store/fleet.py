@@ -758,7 +758,7 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..timeline.schedule_spec import sequence_of
+    from ..timeline.catalog_form import sequence_of
     from ..timeline.slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}
