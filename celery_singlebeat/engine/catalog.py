@@ -1,10 +1,12 @@
 """What each replica tells the database about the entries it has.
 
 A replica publishes one catalog row per entry at start-up (and after an
-outage): the task, a human description of the schedule, and a JSON *spec*
-(:mod:`.schedule_spec`, which says the format) from which a reader without
-the application (the CLI, the health probe, an admin page) rebuilds the same
-slot sequence the replicas compute, so that it can show an entry's next slot.
+outage): the task, a human description of the schedule, and its *spec*, the
+schedule's JSON in its catalog form
+(:mod:`~celery_singlebeat.timeline.catalog_form` says the format), from which
+a reader without the application (the CLI, the health probe, an admin page)
+rebuilds the same slot sequence the replicas compute, so that it can show an
+entry's next slot.
 """
 
 from __future__ import annotations

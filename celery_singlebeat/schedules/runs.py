@@ -4,7 +4,7 @@
 :class:`~celery_singlebeat.sources.EntryDefinition` the engine tracks. Its
 ``schedule`` is a :class:`StoredSchedule`, which gives the engine (through
 ``slots.sequence_for``'s ``slot_sequence`` hook), the catalog (through
-``schedule_spec.spec_of``) and the fleet (through the spec) one sequence of
+``catalog_form.spec_of``) and the operator's status (through the spec) one sequence of
 instants: the entry's schedule within its start and end, its first
 ``max_runs`` runs, each moved by its jitter (:mod:`celery_singlebeat.timeline.bounds`).
 

@@ -171,7 +171,8 @@ class Tables:
             Column("task", String(255), nullable=False),
             # human text ("every 10s", "crontab(*/5 * * * *) Europe/Paris")
             Column("schedule", String(500), nullable=False),
-            # JSON a reader rebuilds the slot sequence from (slots.describe_schedule)
+            # the schedule's catalog form, JSON a reader rebuilds the slot
+            # sequence from (timeline.catalog_form.spec_of writes it)
             Column("spec", Text, nullable=False),
             Index(f"ix_{prefix}catalog_catalog", "catalog"),
         )
@@ -213,7 +214,8 @@ class Tables:
             self.metadata,
             Column("name", _Name, primary_key=True),
             Column("task", String(255), nullable=False),
-            # JSON texts the store does not interpret
+            # JSON texts the store does not interpret; spec: the schedule's
+            # data form (schedules.kinds.schedule_to_data writes it)
             Column("spec", _Text, nullable=False),
             Column("args", _Text, nullable=False),
             Column("kwargs", _Text, nullable=False),
