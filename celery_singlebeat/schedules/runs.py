@@ -27,7 +27,7 @@ from ..store.values import EDITABLE, ScheduleRow
 from ..timeline.bounds import UNBOUNDED, At, BoundedSchedule, Bounds, bounded_sequence
 from ..timeline.clock import datetime_to_us, us_to_datetime
 from ..timeline.slots import MissedPolicy, SlotSequence, sequence_for
-from .definition import NO_OPTIONS, StoredEntry, checked_row
+from .checks import NO_OPTIONS, StoredEntry, checked_row
 from .kinds import own_zone, schedule_from_data
 
 #: the source label of stored entries, in every message about one

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..exceptions import InvalidEntry
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
-from .definition import (
+from .checks import (
     StoredEntry,
     checked_row,
     compact_json,

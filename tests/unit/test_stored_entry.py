@@ -38,7 +38,7 @@ from celery_singlebeat.schedules import (
     stored_entry,
     with_changes,
 )
-from celery_singlebeat.schedules.definition import (
+from celery_singlebeat.schedules.checks import (
     BUILTIN_POLICY,
     MAX_ARGUMENTS_BYTES,
     MAX_HEADERS_BYTES,
