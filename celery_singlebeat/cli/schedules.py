@@ -29,7 +29,7 @@ from .status import json_option
 
 if TYPE_CHECKING:
     from ..schedules.api import Schedules
-    from ..schedules.checks import StoredEntry
+    from ..schedules.entry import StoredEntry
 
 
 @contextmanager
@@ -276,7 +276,7 @@ def _preview(name: str, given: dict[str, Any]) -> StoredEntry | None:
         return None
     if schedule is None or given["task"] is None:
         raise click.UsageError("a preview needs --task and a schedule (--every, --crontab, --at)")
-    from ..schedules.checks import stored_entry
+    from ..schedules.entry import stored_entry
 
     fields = _fields(
         **{
@@ -393,7 +393,7 @@ def add_command(
     schedule = _schedule_of(given["every"], given["cron"], given["tz"], given["at"])
     if schedule is None:
         raise click.UsageError("add needs a schedule: --every, --crontab or --at")
-    from ..schedules.checks import stored_entry
+    from ..schedules.entry import stored_entry
 
     with schedules_of(ctx, by) as schedules:
         fields = _fields(

@@ -20,7 +20,7 @@ Nothing here touches a store or the engine.
 from __future__ import annotations
 
 from ..timeline.bounds import At
-from .checks import StoredEntry, stored_entry, with_changes
+from .entry import StoredEntry, stored_entry, with_changes
 from .runs import StoredSchedule, definition_of, next_runs
 from .spec import (
     entry_from_document,

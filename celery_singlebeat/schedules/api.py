@@ -28,7 +28,7 @@ from ..store.author import MAX_AUTHOR, default_author
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleLogRow, ScheduleWrite
 from ..timeline.clock import datetime_to_us
-from .checks import StoredEntry, stored_entry, with_changes
+from .entry import StoredEntry, stored_entry, with_changes
 from .runs import next_runs as _next_runs
 from .spec import entry_from_fields, entry_to_fields
 

@@ -1,16 +1,16 @@
-"""A stored schedule entry as a value: :class:`StoredEntry`, and its validation.
+"""The checks of a stored entry's fields: every field checked, each problem named.
 
-:func:`~celery_singlebeat.stored_entry` is the one way in, for users, the ``Schedules`` API, the
-CLI and import files: it normalises every field (a schedule to its canonical
-object, arguments to what JSON gives back, instants to UTC) and checks them,
-so that an entry that exists is one the replicas can run and the store can
-keep. A row read back from the database goes through :func:`checked_row`,
-the same checks of each field in its stored form (microseconds, JSON texts),
-made cheap for the 100,000 rows a replica reads at start-up. A refused entry raises
-:class:`~celery_singlebeat.exceptions.InvalidEntry` listing *every* wrong
-field of that entry at once (a person fixing a file fixes them in one go),
-each named as the ``StoredEntry`` field it is, dotted for a part of one
-(``crontab.hour``, ``options.priority``, ``schedule.tz``).
+:func:`~celery_singlebeat.stored_entry` (:mod:`.entry`) checks a new entry
+with these, field by field; a row read back from the database goes through
+:func:`checked_row`, the same checks of each field in its stored form
+(microseconds, JSON texts), made cheap for the 100,000 rows a replica reads at
+start-up. The problems of one entry are gathered in a :class:`Problems` and
+raised together as one :class:`~celery_singlebeat.exceptions.InvalidEntry`
+listing *every* wrong field of that entry at once (a person fixing a file
+fixes them in one go), each named as the ``StoredEntry`` field it is, dotted
+for a part of one (``crontab.hour``, ``options.priority``, ``schedule.tz``).
+A ``check_*`` function adds the problems it finds; a ``checked_*`` one also
+returns the value checked and normalised (None after a problem).
 
 Pure: no store, no engine; the process clock only where a check needs "now"
 (the jitter's bound, for a crontab or solar schedule), and passable.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -34,7 +33,7 @@ from ..store.widths import MAX_ENTRY_NAME
 from ..timeline.bounds import At
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
 from ..timeline.slots import MISSED_MODES, MissedPolicy, period_of, sequence_for
-from .kinds import make_schedule, own_zone, parse_instant, schedule_to_data
+from .kinds import make_schedule, own_zone, parse_instant
 
 #: the longest task name, in characters (the catalog's ``task`` column)
 MAX_TASK = 255
@@ -67,9 +66,6 @@ BUILTIN_POLICY = MissedPolicy(
 #: ``singlebeat_missed_*`` (a beat_schedule entry's options) without the prefix
 _POLICY_KEYS = {"policy": "missed_policy", "grace": "missed_grace", "max": "missed_max"}
 
-#: the store-kept fields, read only: None or "" until the entry is saved
-STORE_FIELDS = ("revision", "created", "updated", "created_by", "updated_by")
-
 
 #: a control character (Unicode category Cc is exactly these two ranges): one
 #: regular expression instead of a category lookup per character, for 100,000
@@ -86,85 +82,7 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class StoredEntry:
-    """One schedule entry kept in the database: what to send, and when.
-
-    Build one with :func:`~celery_singlebeat.stored_entry` (which checks it),
-    change one with :func:`~celery_singlebeat.schedules.with_changes`. Two
-    entries are equal when every field is, the schedule compared by its data
-    form (so a crontab's own time zone counts, which Celery's
-    ``crontab.__eq__`` ignores). Treat the mappings as frozen.
-    """
-
-    #: unique; 1 to 255 bytes of UTF-8, no control characters
-    name: str
-    #: the Celery task's registered name: 1 to 255 characters, no whitespace
-    task: str
-    #: ``celery.schedules.crontab`` (its own zone or none: the app's),
-    #: ``celery.schedules.schedule`` (an interval, >= 1 ms), ``solar``, or
-    #: :class:`~celery_singlebeat.timeline.bounds.At` (one run)
-    schedule: object
-    #: positional arguments, as JSON gives them back (lists inside)
-    args: tuple[Any, ...] = ()
-    #: keyword arguments, as JSON gives them back; args and kwargs together at
-    #: most ``MAX_ARGUMENTS_BYTES`` of compact JSON
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    #: ``apply_async`` options: ``queue``, ``exchange``, ``routing_key`` (str),
-    #: ``priority`` (0-255), ``expires`` (seconds > 0), ``headers`` (a JSON
-    #: object of at most ``MAX_HEADERS_BYTES``)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    #: a disabled entry is kept but not run (no replica is given it)
-    enabled: bool = True
-    #: no run before this instant (UTC); an interval with a start runs at it,
-    #: then every period after it
-    start: datetime | None = None
-    #: no run after this instant (UTC); after ``start``
-    end: datetime | None = None
-    #: at most this many runs (>= 1), counted from ``start``, else from ``created``
-    max_runs: int | None = None
-    #: this entry's missed-run policy; None: the app's ``singlebeat_missed_*``
-    missed: MissedPolicy | None = None
-    #: each run moved later by up to this (0 or more, less than the shortest
-    #: gap between two runs), the same on every replica
-    jitter: timedelta = timedelta(0)
-    #: free text for people, at most ``MAX_DESCRIPTION`` characters
-    description: str = ""
-    #: the import file that manages the entry (set by the import); None for one
-    #: made by hand, which an import's prune never removes
-    managed_by: str | None = None
-    #: the store's revision of this version (commit-ordered); None before saving
-    revision: int | None = None
-    #: when the entry was first written (the database's clock)
-    created: datetime | None = None
-    #: when this version was written (the database's clock); its definition is
-    #: in force from then on
-    updated: datetime | None = None
-    #: who created it ("" before saving)
-    created_by: str = ""
-    #: who wrote this version ("" before saving)
-    updated_by: str = ""
-
-    def _key(self) -> tuple[Any, ...]:
-        return tuple(
-            schedule_to_data(self.schedule) if f.name == "schedule" else getattr(self, f.name)
-            for f in fields(self)
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, StoredEntry):
-            return NotImplemented
-        return self._key() == other._key()
-
-    __hash__ = None  # type: ignore[assignment]  # holds dicts: not hashable
-
-    @property
-    def saved(self) -> bool:
-        """Whether the store has written this version (it has a revision)."""
-        return self.revision is not None
-
-
-class _Problems:
+class Problems:
     """The problems found in one entry, in the order of its fields (raised
     together as one :class:`~celery_singlebeat.exceptions.InvalidEntry`)."""
 
@@ -222,7 +140,7 @@ def _size(value: Any) -> int:
     return len(compact_json(value).encode("utf-8"))
 
 
-def _check_name(problems: _Problems, name: Any) -> None:
+def check_name(problems: Problems, name: Any) -> None:
     if not isinstance(name, str) or not name:
         problems.add("name", f"{name!r} is not a non-empty string")
     elif len(name.encode("utf-8")) > MAX_ENTRY_NAME:
@@ -231,7 +149,7 @@ def _check_name(problems: _Problems, name: Any) -> None:
         problems.add("name", "has a control character (a newline, a tab)")
 
 
-def _check_task(problems: _Problems, task: Any) -> None:
+def check_task(problems: Problems, task: Any) -> None:
     if not isinstance(task, str) or not task:
         problems.add("task", f"{task!r} is not a task name")
     elif len(task) > MAX_TASK:
@@ -240,8 +158,8 @@ def _check_task(problems: _Problems, task: Any) -> None:
         problems.add("task", f"{task!r} has whitespace; a task name has none")
 
 
-def _arguments(
-    problems: _Problems, args: Any, kwargs: Any
+def checked_arguments(
+    problems: Problems, args: Any, kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     good_args: tuple[Any, ...] = ()
     good_kwargs: dict[str, Any] = {}
@@ -269,11 +187,11 @@ def _arguments(
         if kwargs_ok:
             good_kwargs = _as_json(dict(kwargs))
     if args_ok and kwargs_ok:
-        _check_arguments_size(problems, list(good_args), good_kwargs)
+        check_arguments_size(problems, list(good_args), good_kwargs)
     return good_args, good_kwargs
 
 
-def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+def checked_options(problems: Problems, options: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """The checked options: ``options`` merged with the ones given one by one."""
     merged: dict[str, Any] = {}
     if options is not None:
@@ -332,7 +250,7 @@ def _options(problems: _Problems, options: Any, given: Mapping[str, Any]) -> dic
     return checked
 
 
-def _instant(problems: _Problems, name: str, value: Any) -> datetime | None:
+def checked_instant(problems: Problems, name: str, value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -402,7 +320,7 @@ def policy_to_data(policy: MissedPolicy) -> dict[str, Any]:
     return {"policy": policy.mode, "grace": policy.grace_us / US, "max": policy.max_missed}
 
 
-def _jitter(problems: _Problems, value: Any) -> timedelta | None:
+def checked_jitter(problems: Problems, value: Any) -> timedelta | None:
     if isinstance(value, timedelta):
         jitter = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
@@ -446,7 +364,22 @@ def shortest_gap_us(schedule: object, now_us: int, runs: int = JITTER_CHECKED_RU
     return shortest
 
 
-def _text(problems: _Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
+def check_jitter_gap(problems: Problems, jitter: timedelta, schedule: object, now: Any) -> None:
+    """The jitter is shorter than the shortest gap between two runs of
+    ``schedule`` (:func:`shortest_gap_us` after ``now``, the process's clock
+    when None)."""
+    now_us = datetime_to_us(now) if now is not None else datetime_to_us(datetime.now(timezone.utc))
+    gap = shortest_gap_us(schedule, now_us)
+    jitter_us = jitter // timedelta(microseconds=1)
+    if gap is not None and jitter_us >= gap:
+        problems.add(
+            "jitter",
+            f"{jitter_us / US:g} s is not shorter than the shortest gap between two "
+            f"runs ({gap / US:g} s)",
+        )
+
+
+def checked_text(problems: Problems, name: str, value: Any, limit: int, empty: bool) -> str | None:
     if not isinstance(value, str) or (not empty and not value):
         problems.add(name, f"{value!r} is not {'a' if empty else 'a non-empty'} string")
         return None
@@ -456,130 +389,19 @@ def _text(problems: _Problems, name: str, value: Any, limit: int, empty: bool) -
     return value
 
 
-# -- the constructor -------------------------------------------------------------
-
-
-def stored_entry(
-    name: str,
-    task: str,
-    schedule: Any,
-    *,
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    options: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    exchange: str | None = None,
-    routing_key: str | None = None,
-    priority: int | None = None,
-    expires: float | timedelta | None = None,
-    headers: Mapping[str, Any] | None = None,
-    enabled: bool = True,
-    start: datetime | str | None = None,
-    end: datetime | str | None = None,
-    max_runs: int | None = None,
-    missed: MissedPolicy | Mapping[str, Any] | str | None = None,
-    jitter: timedelta | float = timedelta(0),
-    description: str = "",
-    managed_by: str | None = None,
-    now: datetime | None = None,
-    check_jitter: bool = True,
-) -> StoredEntry:
-    """A checked, normalised :class:`StoredEntry`, or
-    :class:`~celery_singlebeat.exceptions.InvalidEntry` listing every wrong
-    field of it.
-
-    ``schedule``: anything ``kinds.make_schedule``
-    accepts (Celery's ``crontab``, ``schedule``, ``solar``; a ``timedelta`` or
-    seconds; an aware ``datetime``; the data form ``{"every": 30}``,
-    ``{"crontab": "*/5 * * * *", "tz": "Europe/Paris"}``, ...). ``options``
-    and the options given one by one (``queue=``, ``priority=``, ...) are
-    merged; one given both ways with two values is an error. ``start``/``end``:
-    aware datetimes or ISO 8601 text. ``missed``: see ``parse_missed``.
-    ``jitter``: a timedelta or seconds, below the shortest gap between two runs
-    (checked against the next ``JITTER_CHECKED_RUNS`` runs after ``now``, the
-    process's clock unless given; ``check_jitter=False`` skips that walk for
-    an entry read back from the store, which checked it when it was written).
-
-    The store-kept fields (``revision``, ``created``, ...) are left unset: the
-    store fills them (``schedules.spec.entry_from_fields``).
-    """
-    problems = _Problems(name if isinstance(name, str) else repr(name))
-    _check_name(problems, name)
-    _check_task(problems, task)
-    canonical: object | None = None
-    try:
-        canonical = make_schedule(problems.entry, schedule)
-    except InvalidEntry as exc:
-        problems.take(exc)
-    good_args, good_kwargs = _arguments(problems, args, kwargs)
-    good_options = _options(
-        problems,
-        options,
-        {
-            "queue": queue,
-            "exchange": exchange,
-            "routing_key": routing_key,
-            "priority": priority,
-            "expires": expires,
-            "headers": headers,
-        },
-    )
-    if not isinstance(enabled, bool):
-        problems.add("enabled", f"{enabled!r} is not True or False")
-    good_start = _instant(problems, "start", start)
-    good_end = _instant(problems, "end", end)
-    _check_order(problems, good_start, good_end)
-    _check_max_runs(problems, max_runs)
-    policy = _missed(problems, missed)
-    good_jitter = _jitter(problems, jitter)
-    if good_jitter and canonical is not None and check_jitter:
-        now_us = (
-            datetime_to_us(now) if now is not None else datetime_to_us(datetime.now(timezone.utc))
-        )
-        gap = shortest_gap_us(canonical, now_us)
-        jitter_us = good_jitter // timedelta(microseconds=1)
-        if gap is not None and jitter_us >= gap:
-            problems.add(
-                "jitter",
-                f"{jitter_us / US:g} s is not shorter than the shortest gap between two "
-                f"runs ({gap / US:g} s)",
-            )
-    good_description = _text(problems, "description", description, MAX_DESCRIPTION, empty=True)
-    if managed_by is not None:
-        _text(problems, "managed_by", managed_by, MAX_MANAGED_BY, empty=False)
-    problems.raise_any()
-    assert canonical is not None and good_jitter is not None and good_description is not None
-    return StoredEntry(
-        name=name,
-        task=task,
-        schedule=canonical,
-        args=good_args,
-        kwargs=good_kwargs,
-        options=good_options,
-        enabled=enabled,
-        start=good_start,
-        end=good_end,
-        max_runs=max_runs,
-        missed=policy,
-        jitter=good_jitter,
-        description=good_description,
-        managed_by=managed_by,
-    )
-
-
-def _check_order(problems: _Problems, start: datetime | None, end: datetime | None) -> None:
+def check_order(problems: Problems, start: datetime | None, end: datetime | None) -> None:
     if start is not None and end is not None and end <= start:
         problems.add("end", f"{end.isoformat()} is not after start {start.isoformat()}")
 
 
-def _check_max_runs(problems: _Problems, max_runs: Any) -> None:
+def check_max_runs(problems: Problems, max_runs: Any) -> None:
     if max_runs is not None and (
         not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1
     ):
         problems.add("max_runs", f"{max_runs!r} is not an integer >= 1")
 
 
-def _missed(problems: _Problems, missed: Any) -> MissedPolicy | None:
+def checked_missed(problems: Problems, missed: Any) -> MissedPolicy | None:
     """:func:`parse_missed`, its error a problem named ``missed`` or ``missed.<part>``."""
     try:
         return parse_missed(missed)
@@ -619,7 +441,7 @@ _SCHEDULE_OF: dict[str, object] = {}
 _SCHEDULE_OF_MAX = 8192
 
 
-def _schedule_of_text(problems: _Problems, text: Any) -> object | None:
+def _schedule_of_text(problems: Problems, text: Any) -> object | None:
     known = _SCHEDULE_OF.get(text) if isinstance(text, str) else None
     if known is not None:
         return known
@@ -665,40 +487,40 @@ def checked_row(
     their JSON texts give them, and the fields at their default are not
     looked into.
     """
-    problems = _Problems(name if isinstance(name, str) else repr(name))
-    _check_name(problems, name)
-    _check_task(problems, task)
+    problems = Problems(name if isinstance(name, str) else repr(name))
+    check_name(problems, name)
+    check_task(problems, task)
     schedule = _schedule_of_text(problems, spec)
     good_args, good_kwargs = argument_texts(problems, args, kwargs)
     good_options: Mapping[str, Any] = NO_OPTIONS
     if options != "{}":
         value = _json_text(problems, "options", options)
         if value is not None:
-            good_options = _options(problems, value, {})
+            good_options = checked_options(problems, value, {})
     start = _stored_instant(problems, "start", start_us)
     end = _stored_instant(problems, "end", end_us)
     if start is not None and end is not None:
-        _check_order(problems, us_to_datetime(start), us_to_datetime(end))
-    _check_max_runs(problems, max_runs)
+        check_order(problems, us_to_datetime(start), us_to_datetime(end))
+    check_max_runs(problems, max_runs)
     missed = None
     if policy is not None:
         value = _json_text(problems, "missed", policy)
         if value is not None:
-            missed = _missed(problems, value)
+            missed = checked_missed(problems, value)
     if jitter_us:
         if not isinstance(jitter_us, int):
             problems.add("jitter", f"{jitter_us!r} is not a number of microseconds")
         else:
-            _jitter(problems, timedelta(microseconds=jitter_us))
+            checked_jitter(problems, timedelta(microseconds=jitter_us))
     if description:
-        _text(problems, "description", description, MAX_DESCRIPTION, empty=True)
+        checked_text(problems, "description", description, MAX_DESCRIPTION, empty=True)
     if managed_by is not None:
-        _text(problems, "managed_by", managed_by, MAX_MANAGED_BY, empty=False)
+        checked_text(problems, "managed_by", managed_by, MAX_MANAGED_BY, empty=False)
     problems.raise_any()
     return RowValues(schedule, good_args, good_kwargs, good_options, missed)
 
 
-def _stored_instant(problems: _Problems, name: str, value: Any) -> int | None:
+def _stored_instant(problems: Problems, name: str, value: Any) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         problems.add(name, f"{value!r} is not an instant in microseconds since the epoch")
         return None
@@ -706,7 +528,7 @@ def _stored_instant(problems: _Problems, name: str, value: Any) -> int | None:
 
 
 def argument_texts(
-    problems: _Problems, args_text: Any, kwargs_text: Any
+    problems: Problems, args_text: Any, kwargs_text: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments of their stored JSON texts, checked as :func:`stored_entry`
     checks given ones, without walking them: what JSON text gives back is
@@ -728,7 +550,7 @@ def argument_texts(
         return (), {}
     assert isinstance(args, list) and isinstance(kwargs, dict)
     if _text_bytes(args_text) + _text_bytes(kwargs_text) > MAX_ARGUMENTS_BYTES:
-        _check_arguments_size(problems, args, kwargs)
+        check_arguments_size(problems, args, kwargs)
     return tuple(args), kwargs
 
 
@@ -740,7 +562,7 @@ def _refuse_constant(text: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def _json_text(problems: _Problems, field_name: str, text: Any) -> Any:
+def _json_text(problems: Problems, field_name: str, text: Any) -> Any:
     """The value of a JSON text, or None after adding the problem."""
     if not isinstance(text, str):
         problems.add(field_name, f"{text!r} is not JSON text")
@@ -756,7 +578,7 @@ def _text_bytes(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
-def _check_arguments_size(problems: _Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
+def check_arguments_size(problems: Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
     sizes = _size(args), _size(kwargs)
     if sum(sizes) > MAX_ARGUMENTS_BYTES:
         problems.add(
@@ -764,51 +586,6 @@ def _check_arguments_size(problems: _Problems, args: list[Any], kwargs: dict[str
             f"args and kwargs take {sum(sizes):,} bytes as JSON; at most "
             f"{MAX_ARGUMENTS_BYTES:,} together",
         )
-
-
-def with_changes(entry: StoredEntry, **changes: Any) -> StoredEntry:
-    """``entry`` with some fields changed, checked whole (InvalidEntry as
-    :func:`~celery_singlebeat.stored_entry`); the store-kept fields are kept as they are.
-
-    Takes :func:`~celery_singlebeat.stored_entry`'s keywords. An option given one by one
-    (``queue=``, ``priority=``, ...) changes that option alone, and None
-    removes it; ``options=`` replaces them all. Renaming is not an edit
-    (``name=`` is refused): a rename is a delete and an add.
-    """
-    read_only = sorted(set(changes) & {"name", *STORE_FIELDS})
-    if read_only:
-        raise TypeError(f"with_changes cannot change {', '.join(read_only)}")
-    options = dict(changes.pop("options", entry.options))
-    for key in OPTION_NAMES:
-        if key in changes:
-            value = changes.pop(key)
-            if value is None:
-                options.pop(key, None)
-            else:
-                options[key] = value
-    current: dict[str, Any] = {
-        "args": entry.args,
-        "kwargs": entry.kwargs,
-        "enabled": entry.enabled,
-        "start": entry.start,
-        "end": entry.end,
-        "max_runs": entry.max_runs,
-        "missed": entry.missed,
-        "jitter": entry.jitter,
-        "description": entry.description,
-        "managed_by": entry.managed_by,
-    }
-    current.update(changes)
-    task = current.pop("task", entry.task)
-    schedule = current.pop("schedule", entry.schedule)
-    changed = stored_entry(entry.name, task, schedule, options=options, **current)
-    return _with_store_fields(changed, entry)
-
-
-def _with_store_fields(entry: StoredEntry, source: StoredEntry) -> StoredEntry:
-    from dataclasses import replace
-
-    return replace(entry, **{name: getattr(source, name) for name in STORE_FIELDS})
 
 
 __all__ = [
@@ -821,14 +598,23 @@ __all__ = [
     "MAX_TASK",
     "NO_OPTIONS",
     "OPTION_NAMES",
-    "STORE_FIELDS",
+    "Problems",
     "RowValues",
-    "StoredEntry",
+    "check_arguments_size",
+    "check_jitter_gap",
+    "check_max_runs",
+    "check_name",
+    "check_order",
+    "check_task",
+    "checked_arguments",
+    "checked_instant",
+    "checked_jitter",
+    "checked_missed",
+    "checked_options",
     "checked_row",
+    "checked_text",
     "compact_json",
     "parse_missed",
     "policy_to_data",
     "shortest_gap_us",
-    "stored_entry",
-    "with_changes",
 ]

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry, ScheduleError
 from ..store.values import ScheduleWrite
-from .checks import StoredEntry
+from .entry import StoredEntry
 from .spec import entry_from_document, entry_to_document, entry_to_fields
 
 #: the format this release writes and reads
