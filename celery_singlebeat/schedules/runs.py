@@ -27,9 +27,9 @@ from ..store.values import EDITABLE, ScheduleRow
 from ..timeline.bounds import UNBOUNDED, At, BoundedSchedule, Bounds, bounded_sequence
 from ..timeline.clock import datetime_to_us, us_to_datetime
 from ..timeline.slots import MissedPolicy, SlotSequence, sequence_for
-from .checks import NO_OPTIONS, checked_row
 from .entry import StoredEntry
 from .kinds import own_zone, schedule_from_data
+from .rows import NO_OPTIONS, checked_row
 
 #: the source label of stored entries, in every message about one
 LABEL = "stored schedules"

@@ -25,9 +25,10 @@ from typing import Any
 
 from ..exceptions import InvalidEntry
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
-from .checks import checked_row, compact_json, policy_to_data
+from .checks import compact_json, policy_to_data
 from .entry import StoredEntry, stored_entry
 from .kinds import schedule_from_data, schedule_to_data
+from .rows import checked_row
 
 #: the columns :func:`entry_to_fields` gives, written by the store
 WRITTEN_FIELDS = (
@@ -104,7 +105,7 @@ def entry_from_fields(fields: Mapping[str, Any]) -> StoredEntry:
     """The entry of a row's plain values (:data:`WRITTEN_FIELDS`, and the
     :data:`STORE_KEPT_FIELDS` when present); InvalidEntry naming the entry and
     every wrong field for a row that is not a valid entry (written by hand, or
-    by a newer release): checked as ``checks.checked_row`` checks a row,
+    by a newer release): checked as ``rows.checked_row`` checks a row,
     which is as :func:`~celery_singlebeat.stored_entry` checks a write, but
     for the jitter's bound (checked when the row was written).
     """
