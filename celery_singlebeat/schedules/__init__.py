@@ -20,9 +20,7 @@ Nothing here touches a store or the engine.
 from __future__ import annotations
 
 from ..timeline.bounds import At
-from .entry import StoredEntry, stored_entry, with_changes
-from .runs import StoredSchedule, definition_of, next_runs
-from .spec import (
+from .columns import (
     entry_from_document,
     entry_from_fields,
     entry_to_document,
@@ -30,6 +28,8 @@ from .spec import (
     schedule_from_data,
     schedule_to_data,
 )
+from .entry import StoredEntry, stored_entry, with_changes
+from .runs import StoredSchedule, definition_of, next_runs
 
 __all__ = [
     "At",

@@ -28,9 +28,9 @@ from ..store.author import MAX_AUTHOR, default_author
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleLogRow, ScheduleWrite
 from ..timeline.clock import datetime_to_us
+from .columns import entry_from_fields, entry_to_fields
 from .entry import StoredEntry, stored_entry, with_changes
 from .runs import next_runs as _next_runs
-from .spec import entry_from_fields, entry_to_fields
 
 #: what ``upsert`` does when the name exists
 IF_EXISTS = ("replace", "error", "keep")

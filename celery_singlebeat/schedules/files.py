@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry, ScheduleError
 from ..store.values import ScheduleWrite
+from .columns import entry_from_document, entry_to_document, entry_to_fields
 from .entry import StoredEntry
-from .spec import entry_from_document, entry_to_document, entry_to_fields
 
 #: the format this release writes and reads
 FILE_VERSION = 1

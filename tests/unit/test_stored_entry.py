@@ -44,8 +44,8 @@ from celery_singlebeat.schedules.checks import (
     MAX_HEADERS_BYTES,
     compact_json,
 )
+from celery_singlebeat.schedules.columns import WRITTEN_FIELDS
 from celery_singlebeat.schedules.runs import definition_of_row
-from celery_singlebeat.schedules.spec import WRITTEN_FIELDS
 from celery_singlebeat.sources import check_definition
 from celery_singlebeat.store.values import EDITABLE, ScheduleRow
 from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
