@@ -172,7 +172,7 @@ def _when(instant: datetime | None) -> str:
 
 
 def _entry_json(entry: StoredEntry, runs: list[datetime] | None = None) -> dict[str, Any]:
-    from ..schedules.columns import DOCUMENT_DEFAULTS, entry_to_document
+    from ..schedules.document import DOCUMENT_DEFAULTS, entry_to_document
 
     # every key, defaults included: a script reads one shape whatever the entry
     doc: dict[str, Any] = {"name": entry.name, **DOCUMENT_DEFAULTS, **entry_to_document(entry)}
@@ -200,7 +200,7 @@ def list_command(
     ctx: click.Context, enabled: bool | None, managed_by: str | None, as_json: bool
 ) -> None:
     """The stored entries, by name, with their next run."""
-    from ..schedules.columns import schedule_text
+    from ..schedules.document import schedule_text
 
     with schedules_of(ctx) as schedules:
         entries = schedules.list(enabled=enabled, managed_by=managed_by)

@@ -1,20 +1,13 @@
-"""A stored entry as data: the store's columns, and the document of files and ``--json``.
+"""A stored entry as the store's columns: the plain values of each, both ways.
 
-Three forms, each the one text of its entry:
-
-* the **schedule's data form** (:func:`schedule_to_data`,
-  :func:`schedule_from_data`; defined in :mod:`.kinds`): one JSON object,
-  ``{"every": 30.0}``, ``{"crontab": "*/5 * * * *", "tz": "Europe/Paris"}``,
-  ``{"solar": "sunset", "lat": 48.85, "lon": 2.35}``, ``{"at": "..."}``;
-* the **fields** (:func:`entry_to_fields`, :func:`entry_from_fields`): the
-  plain values the store keeps in its columns. JSON texts are compact with
-  sorted keys, so an unchanged entry encodes to the same texts and the store
-  can skip a write that changes nothing by comparing them. Instants are
-  microseconds since the epoch (UTC), as everywhere in the store;
-* the **document** (:func:`entry_to_document`, :func:`entry_from_document`):
-  what a person reads and writes in a YAML or JSON file and sees with
-  ``--json``: instants in ISO 8601, durations in seconds, keys at their
-  default left out.
+The **fields** (:func:`entry_to_fields`, :func:`entry_from_fields`) are the
+plain values the store keeps in its columns: the schedule's data form
+(:mod:`.kinds`) as the ``spec`` column's JSON text, the arguments, options and
+missed-run policy as JSON texts too. JSON texts are compact with sorted keys,
+so an unchanged entry encodes to the same texts and the store can skip a write
+that changes nothing by comparing them. Instants are microseconds since the
+epoch (UTC), as everywhere in the store. The document a person writes is
+:mod:`.document`'s.
 """
 
 from __future__ import annotations
@@ -23,11 +16,10 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from ..exceptions import InvalidEntry
-from ..timeline.clock import US, datetime_to_us, us_to_datetime
+from ..timeline.clock import datetime_to_us, us_to_datetime
 from .checks import compact_json, policy_to_data
-from .entry import StoredEntry, stored_entry
-from .kinds import schedule_from_data, schedule_to_data
+from .entry import StoredEntry
+from .kinds import schedule_to_data
 from .rows import checked_row
 
 #: the columns :func:`entry_to_fields` gives, written by the store
@@ -50,23 +42,6 @@ WRITTEN_FIELDS = (
 
 #: the columns the store keeps itself, read back by :func:`entry_from_fields`
 STORE_KEPT_FIELDS = ("revision", "created_us", "updated_us", "created_by", "updated_by")
-
-#: the keys of the document form (besides the entry's name, which is its key
-#: in a file), and their values at the default, which a document leaves out
-DOCUMENT_DEFAULTS: dict[str, Any] = {
-    "task": None,
-    "schedule": None,
-    "args": [],
-    "kwargs": {},
-    "options": {},
-    "enabled": True,
-    "start": None,
-    "end": None,
-    "max_runs": None,
-    "missed": None,
-    "jitter": 0,
-    "description": "",
-}
 
 
 def _us(value: Any) -> int | None:
@@ -150,99 +125,9 @@ def _instant(value: Any) -> Any:
     return None if value is None else us_to_datetime(int(value))
 
 
-def _seconds(value: timedelta) -> float | int:
-    us = value // timedelta(microseconds=1)
-    return us // US if us % US == 0 else us / US
-
-
-def entry_to_document(entry: StoredEntry) -> dict[str, Any]:
-    """The document of an entry (keys of :data:`DOCUMENT_DEFAULTS`; those at
-    their default left out, ``task`` and ``schedule`` always in).
-
-    Neither its name (a file's key, or given beside it), nor ``managed_by``
-    (the import sets it), nor the store-kept fields: a document is what a
-    person writes.
-    """
-    document: dict[str, Any] = {
-        "task": entry.task,
-        "schedule": schedule_to_data(entry.schedule),
-        "args": list(entry.args),
-        "kwargs": dict(entry.kwargs),
-        "options": dict(entry.options),
-        "enabled": entry.enabled,
-        "start": None if entry.start is None else entry.start.isoformat(),
-        "end": None if entry.end is None else entry.end.isoformat(),
-        "max_runs": entry.max_runs,
-        "missed": None if entry.missed is None else policy_to_data(entry.missed),
-        "jitter": _seconds(entry.jitter),
-        "description": entry.description,
-    }
-    return {
-        key: value
-        for key, value in document.items()
-        if key in ("task", "schedule") or value != DOCUMENT_DEFAULTS[key]
-    }
-
-
-def entry_from_document(
-    name: str, doc: Any, *, managed_by: str | None = None, **checks: Any
-) -> StoredEntry:
-    """The entry a document describes (see :func:`entry_to_document`);
-    InvalidEntry naming the entry and the field for anything wrong, an unknown
-    key included. ``managed_by``: the import file that manages it. ``checks``:
-    :func:`~celery_singlebeat.stored_entry`'s ``now`` and ``check_jitter``.
-    """
-    if not isinstance(doc, Mapping):
-        raise InvalidEntry(name, "task", f"the entry is {doc!r}, not a mapping of its fields")
-    unknown = sorted(str(k) for k in doc if k not in DOCUMENT_DEFAULTS)
-    missing = [k for k in ("task", "schedule") if doc.get(k) is None]
-    problems = [
-        (key, f"unknown key; expected {', '.join(DOCUMENT_DEFAULTS)}") for key in unknown
-    ] + [(key, "missing") for key in missing]
-    if problems:
-        raise InvalidEntry(name, *problems[0], *problems[1:])
-    values = {key: doc.get(key, DOCUMENT_DEFAULTS[key]) for key in DOCUMENT_DEFAULTS}
-    return stored_entry(
-        name,
-        values["task"],
-        values["schedule"],
-        args=values["args"] if values["args"] is not None else (),
-        kwargs=values["kwargs"],
-        options=values["options"],
-        enabled=values["enabled"],
-        start=values["start"],
-        end=values["end"],
-        max_runs=values["max_runs"],
-        missed=values["missed"],
-        jitter=values["jitter"] if values["jitter"] is not None else 0,
-        description=values["description"] if values["description"] is not None else "",
-        managed_by=managed_by,
-        **checks,
-    )
-
-
-def schedule_text(entry: StoredEntry) -> str:
-    """The entry's schedule as a person reads it: ``every 30s``,
-    ``0 3 * * * (Europe/Paris)``, ``at 2026-12-24T17:00:00+00:00``."""
-    data = schedule_to_data(entry.schedule)
-    if "every" in data:
-        return f"every {data['every']:g}s"
-    if "crontab" in data:
-        return f"{data['crontab']}" + (f" ({data['tz']})" if data.get("tz") else "")
-    if "at" in data:
-        return f"at {data['at']}"
-    return compact_json(data)
-
-
 __all__ = [
-    "DOCUMENT_DEFAULTS",
     "STORE_KEPT_FIELDS",
     "WRITTEN_FIELDS",
-    "entry_from_document",
     "entry_from_fields",
-    "entry_to_document",
     "entry_to_fields",
-    "schedule_from_data",
-    "schedule_text",
-    "schedule_to_data",
 ]

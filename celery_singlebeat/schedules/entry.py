@@ -165,7 +165,7 @@ def stored_entry(
     an entry read back from the store, which checked it when it was written).
 
     The store-kept fields (``revision``, ``created``, ...) are left unset: the
-    store fills them (``schedules.spec.entry_from_fields``).
+    store fills them (``schedules.columns.entry_from_fields``).
     """
     problems = Problems(name if isinstance(name, str) else repr(name))
     check_name(problems, name)

@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry, ScheduleError
 from ..store.values import ScheduleWrite
-from .columns import entry_from_document, entry_to_document, entry_to_fields
+from .columns import entry_to_fields
+from .document import entry_from_document, entry_to_document
 from .entry import StoredEntry
 
 #: the format this release writes and reads

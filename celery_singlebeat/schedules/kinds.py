@@ -11,7 +11,7 @@ the rest of the library computes slots from:
 * one run at an instant: :class:`~celery_singlebeat.timeline.bounds.At`.
 
 Its *data form* is one JSON object, the same in files, on the command line
-and in the database (``schedules.spec`` re-exports the two functions)::
+and in the database's ``spec`` column (:mod:`.columns`)::
 
     {"every": 30.0}                                  seconds, a float allowed
     {"crontab": "*/5 * * * *", "tz": "Europe/Paris"}  tz null: the app's zone

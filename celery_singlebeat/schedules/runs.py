@@ -157,7 +157,7 @@ def definition_of_row(
     """:func:`definition_of` the entry of a row as the store keeps it, the
     same definition, without the :class:`~.entry.StoredEntry` between:
     a replica reads every row at start-up (100,000 took 2.7 s that way, 0.8 s
-    this one). InvalidEntry as ``spec.entry_from_fields`` for a row that is
+    this one). InvalidEntry as ``columns.entry_from_fields`` for a row that is
     not a valid entry."""
     values = checked_row(*row[:_WRITTEN])
     created = row.created_us

@@ -345,7 +345,7 @@ class Fleet:
         Per entry: its task and schedule from the catalog (rows of live replicas
         first), how many live replicas have it, the next slot the fleet will
         send (rebuilt from the catalog's spec and the entry's anchor:
-        :func:`celery_singlebeat.timeline.schedule_spec.sequence_of`), the first slot it should
+        :func:`celery_singlebeat.timeline.catalog_form.sequence_of`), the first slot it should
         have sent and did not when there is one (``overdue_slot_us``), the
         latest slot claimed and the state of its row, the latest sent slot with
         its sender and delay, and the pause in force (its own or ``*``).
