@@ -26,12 +26,18 @@ from typing import Any
 
 from celery.schedules import crontab
 
-from ..config import parse_missed_policy, setting_default
-from ..exceptions import ConfigurationError, InvalidEntry
+from ..config import (
+    BUILTIN_MISSED_POLICY,
+    MISSED_KEYS,
+    MissedPolicyError,
+    check_missed_policy,
+    parse_missed_policy,
+)
+from ..exceptions import InvalidEntry
 from ..store.widths import MAX_ENTRY_NAME
 from ..timeline.bounds import At
 from ..timeline.clock import US, datetime_to_us
-from ..timeline.slots import MISSED_MODES, MissedPolicy, period_of, sequence_for
+from ..timeline.slots import MissedPolicy, period_of, sequence_for
 from .kinds import own_zone, parse_instant
 
 #: the longest task name, in characters (the catalog's ``task`` column)
@@ -51,20 +57,6 @@ JITTER_CHECKED_RUNS = 1000
 
 #: the ``apply_async`` options Celery's beat passes, and so a stored entry keeps
 OPTION_NAMES = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
-
-#: the missed-run policy of ``singlebeat_missed_*``'s built-in defaults: what an
-#: entry's override leaves unsaid takes these (an entry is stored apart from
-#: any app, so not the app's settings)
-BUILTIN_POLICY = MissedPolicy(
-    mode=setting_default("singlebeat_missed_policy"),
-    grace_us=int(setting_default("singlebeat_missed_grace") * US),
-    max_missed=setting_default("singlebeat_missed_max"),
-)
-
-#: the keys of the document form of a missed-run policy, and of
-#: ``singlebeat_missed_*`` (a beat_schedule entry's options) without the prefix
-_POLICY_KEYS = {"policy": "missed_policy", "grace": "missed_grace", "max": "missed_max"}
-
 
 #: a control character (Unicode category Cc is exactly these two ranges): one
 #: regular expression instead of a category lookup per character, for 100,000
@@ -268,25 +260,23 @@ def checked_instant(problems: Problems, name: str, value: Any) -> datetime | Non
 
 
 def parse_missed(value: Any) -> MissedPolicy | None:
-    """A missed-run policy override from any accepted form (ValueError naming
-    the part that is wrong, as ``policy``, ``grace`` or ``max``).
+    """A missed-run policy override from any accepted form, read by the one
+    parser of a policy (:func:`~celery_singlebeat.config.parse_missed_policy`):
+    a :class:`~celery_singlebeat.config.MissedPolicyError` naming the part that
+    is wrong (``policy``, ``grace`` or ``max``), ValueError for a value that is
+    no policy at all.
 
     Accepted: None (the app's); a :class:`~celery_singlebeat.timeline.slots.MissedPolicy`;
     a mode (``"skip"``); a mapping of the document form (``policy``,
     ``grace`` in seconds or a timedelta, ``max``) or of a beat_schedule
     entry's options (``singlebeat_missed_policy``, ``_grace``, ``_max``).
-    What it leaves unsaid takes the built-in defaults (:data:`BUILTIN_POLICY`).
+    What it leaves unsaid takes the built-in defaults
+    (:data:`~celery_singlebeat.config.BUILTIN_MISSED_POLICY`).
     """
     if value is None:
         return None
     if isinstance(value, MissedPolicy):
-        if value.mode not in MISSED_MODES:
-            raise ValueError(f"policy: {value.mode!r}: expected one of {', '.join(MISSED_MODES)}")
-        if value.grace_us <= 0:
-            raise ValueError(f"grace: {value.grace_us} us: must be positive")
-        if value.max_missed < 1:
-            raise ValueError(f"max: {value.max_missed}: expected an integer >= 1")
-        return value
+        return check_missed_policy(value)
     if isinstance(value, str):
         value = {"policy": value}
     if not isinstance(value, Mapping):
@@ -294,24 +284,17 @@ def parse_missed(value: Any) -> MissedPolicy | None:
     keys = set(value)
     prefixed = {k for k in keys if isinstance(k, str) and k.startswith("singlebeat_")}
     if prefixed:
-        prefix, allowed = "singlebeat_", {f"singlebeat_{v}" for v in _POLICY_KEYS.values()}
+        prefix, allowed = "singlebeat_", {f"singlebeat_{v}" for v in MISSED_KEYS.values()}
         options = dict(value)
     else:
-        prefix, allowed = "", set(_POLICY_KEYS)
-        options = {_POLICY_KEYS[k]: v for k, v in value.items() if k in _POLICY_KEYS}
+        prefix, allowed = "", set(MISSED_KEYS)
+        options = {MISSED_KEYS[k]: v for k, v in value.items() if k in MISSED_KEYS}
     unknown = sorted(str(k) for k in keys - allowed)
     if unknown:
         raise ValueError(
             f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(allowed))}"
         )
-    try:
-        return parse_missed_policy(prefix, options, BUILTIN_POLICY)
-    except ConfigurationError as exc:
-        text = str(exc)
-        for part, key in _POLICY_KEYS.items():
-            if text.startswith(f"{prefix}{key}="):
-                raise ValueError(f"{part}: {text[len(prefix) + len(key) + 1 :]}") from None
-        raise ValueError(text) from None
+    return parse_missed_policy(prefix, options, BUILTIN_MISSED_POLICY)
 
 
 def policy_to_data(policy: MissedPolicy) -> dict[str, Any]:
@@ -401,17 +384,15 @@ def check_max_runs(problems: Problems, max_runs: Any) -> None:
 
 
 def checked_missed(problems: Problems, missed: Any) -> MissedPolicy | None:
-    """:func:`parse_missed`, its error a problem named ``missed`` or ``missed.<part>``."""
+    """:func:`parse_missed`, its error a problem named ``missed.<part>`` (a
+    wrong part) or ``missed`` (no policy at all)."""
     try:
         return parse_missed(missed)
+    except MissedPolicyError as exc:
+        problems.add(f"missed.{exc.part}", exc.reason)
     except ValueError as exc:
-        text = str(exc)
-        part, _, rest = text.partition(": ")
-        if part in _POLICY_KEYS and rest:
-            problems.add(f"missed.{part}", rest)
-        else:
-            problems.add("missed", text)
-        return None
+        problems.add("missed", str(exc))
+    return None
 
 
 def check_arguments_size(problems: Problems, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -425,7 +406,6 @@ def check_arguments_size(problems: Problems, args: list[Any], kwargs: dict[str, 
 
 
 __all__ = [
-    "BUILTIN_POLICY",
     "JITTER_CHECKED_RUNS",
     "MAX_ARGUMENTS_BYTES",
     "MAX_DESCRIPTION",

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dst import CHANGES, SINGLE_RUNS, Change, expected_runs, schedule_specs
 
+from celery_singlebeat.config import BUILTIN_MISSED_POLICY
 from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.exceptions import InvalidEntry, ScheduleError
 from celery_singlebeat.schedules import (
@@ -39,7 +40,6 @@ from celery_singlebeat.schedules import (
     with_changes,
 )
 from celery_singlebeat.schedules.checks import (
-    BUILTIN_POLICY,
     MAX_ARGUMENTS_BYTES,
     MAX_HEADERS_BYTES,
     compact_json,
@@ -327,7 +327,10 @@ def test_instants_are_kept_in_utc() -> None:
     ("missed", "policy"),
     [
         (None, None),
-        ("skip", MissedPolicy("skip", BUILTIN_POLICY.grace_us, BUILTIN_POLICY.max_missed)),
+        (
+            "skip",
+            MissedPolicy("skip", BUILTIN_MISSED_POLICY.grace_us, BUILTIN_MISSED_POLICY.max_missed),
+        ),
         ({"policy": "all", "grace": 30, "max": 3}, MissedPolicy("all", 30 * US, 3)),
         ({"grace": timedelta(minutes=1)}, MissedPolicy("coalesce", 60 * US, 100)),
         (
