@@ -86,7 +86,7 @@ def _fields(
     description: str | None,
 ) -> dict[str, Any]:
     """The entry fields the options set (None: not given)."""
-    from ..schedules.kinds import parse_instant
+    from ..timeline.clock import parse_instant
 
     fields: dict[str, Any] = {}
     if args is not None:

@@ -36,9 +36,9 @@ from ..config import (
 from ..exceptions import InvalidEntry
 from ..store.widths import MAX_ENTRY_NAME
 from ..timeline.bounds import At
-from ..timeline.clock import US, datetime_to_us
+from ..timeline.clock import US, datetime_to_us, parse_instant
 from ..timeline.slots import MissedPolicy, period_of, sequence_for
-from .kinds import own_zone, parse_instant
+from .kinds import own_zone
 
 #: the longest task name, in characters (the catalog's ``task`` column)
 MAX_TASK = 255
