@@ -14,11 +14,8 @@ from __future__ import annotations
 from datetime import tzinfo
 
 from ..store.base import CatalogEntry
+from ..store.widths import MAX_SCHEDULE_TEXT, MAX_TASK
 from ..timeline.catalog_form import sequence_of, spec_of
-
-#: the catalog's column widths (store/schema.py)
-MAX_TASK = 255
-MAX_SCHEDULE_TEXT = 500
 
 
 def describe(name: str, task: str, schedule: object, tz: tzinfo) -> CatalogEntry:
@@ -32,4 +29,4 @@ def describe(name: str, task: str, schedule: object, tz: tzinfo) -> CatalogEntry
     )
 
 
-__all__ = ["MAX_SCHEDULE_TEXT", "MAX_TASK", "describe", "sequence_of"]
+__all__ = ["describe", "sequence_of"]

@@ -34,18 +34,15 @@ from ..config import (
     parse_missed_policy,
 )
 from ..exceptions import InvalidEntry
-from ..store.widths import MAX_ENTRY_NAME
+from ..store.widths import MAX_ENTRY_NAME, MAX_TASK
 from ..timeline.bounds import At
 from ..timeline.clock import US, datetime_to_us, parse_instant
 from ..timeline.slots import MissedPolicy, period_of, sequence_for
 from .kinds import own_zone
 
-#: the longest task name, in characters (the catalog's ``task`` column)
-MAX_TASK = 255
-#: the longest description, in characters
+#: the longest description, in characters (a rule for people: its column
+#: holds far more)
 MAX_DESCRIPTION = 1000
-#: the longest ``managed_by`` (an import file's name), in characters
-MAX_MANAGED_BY = 255
 #: ``args`` and ``kwargs`` together, as compact JSON, in UTF-8 bytes at most:
 #: each replica keeps every entry's arguments, and each run sends them
 MAX_ARGUMENTS_BYTES = 64 * 1024
@@ -410,8 +407,6 @@ __all__ = [
     "MAX_ARGUMENTS_BYTES",
     "MAX_DESCRIPTION",
     "MAX_HEADERS_BYTES",
-    "MAX_MANAGED_BY",
-    "MAX_TASK",
     "OPTION_NAMES",
     "Problems",
     "check_arguments_size",

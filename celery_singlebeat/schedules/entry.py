@@ -21,10 +21,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..exceptions import InvalidEntry
+from ..store.widths import MAX_MANAGED_BY
 from ..timeline.slots import MissedPolicy
 from .checks import (
     MAX_DESCRIPTION,
-    MAX_MANAGED_BY,
     OPTION_NAMES,
     Problems,
     check_jitter_gap,

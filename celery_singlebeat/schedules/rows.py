@@ -20,12 +20,12 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry
+from ..store.widths import MAX_MANAGED_BY
 from ..timeline.clock import us_to_datetime
 from ..timeline.slots import MissedPolicy
 from .checks import (
     MAX_ARGUMENTS_BYTES,
     MAX_DESCRIPTION,
-    MAX_MANAGED_BY,
     Problems,
     check_arguments_size,
     check_max_runs,
