@@ -39,7 +39,8 @@ DEFAULT_HTTP_BIND = "0.0.0.0"
 
 @dataclass(frozen=True)
 class Setting:
-    """The definition of one setting: what the parser reads and the docs show.
+    """One setting: its name, what it accepts, its default and meaning; what the
+    parser reads and the docs show.
 
     :data:`SETTINGS` is the only list of settings: :meth:`Settings.from_conf`
     reads each through :func:`read_setting`, which refuses a name not defined there,
@@ -270,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-#: name -> definition
+#: name -> setting
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
 
 #: the keys a ``beat_schedule`` entry's ``options`` may carry for us

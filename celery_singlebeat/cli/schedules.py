@@ -110,8 +110,8 @@ def _fields(
     return fields
 
 
-def definition_options(f: Any) -> Any:
-    """The options that say what an entry is (add, edit, show's preview)."""
+def entry_field_options(f: Any) -> Any:
+    """The options that set a stored entry's fields (add, edit, show's preview)."""
     options = [
         click.option("--task", default=None, metavar="TASK", help="The task's registered name."),
         click.option("--every", type=float, default=None, metavar="SECONDS", help="An interval."),
@@ -238,7 +238,7 @@ def list_command(
     metavar="N",
     help="How many next runs to list.",
 )
-@definition_options
+@entry_field_options
 @json_option
 @click.pass_context
 def show_command(ctx: click.Context, /, name: str, count: int, as_json: bool, **given: Any) -> None:
@@ -369,7 +369,7 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
 
 @schedules_group.command(name="add")
 @click.argument("name")
-@definition_options
+@entry_field_options
 @click.option("--disabled", is_flag=True, help="Store it without sending it yet.")
 @click.option("--replace", is_flag=True, help="Replace an entry of that name (else exit 2).")
 @why_option
@@ -411,7 +411,7 @@ def add_command(
 
 @schedules_group.command(name="edit")
 @click.argument("name")
-@definition_options
+@entry_field_options
 @revision_option
 @why_option
 @by_option

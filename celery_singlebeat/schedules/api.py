@@ -124,7 +124,7 @@ class Schedules:
         anchor: datetime | None = None,
     ) -> builtins.list[datetime]:
         """The next ``n`` instants (aware, UTC) the replicas would send: of a
-        stored entry by name, of a definition not saved yet (a
+        stored entry by name, of an entry not saved yet (a
         :class:`StoredEntry`), or of a bare schedule (a ``crontab``, a
         ``timedelta``...), as the engine computes them."""
         target = self.get(name_or_entry) if isinstance(name_or_entry, str) else name_or_entry
