@@ -19,7 +19,7 @@ import pytest
 from celery.schedules import crontab, schedule, solar
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_dst import CHANGES, SINGLE_RUNS, Change, expected_runs, schedule_specs
+from test_dst import CHANGES, SINGLE_RUNS, Change, crontab_fields, expected_runs
 
 from celery_singlebeat.config import BUILTIN_MISSED_POLICY
 from celery_singlebeat.engine.catalog import describe
@@ -764,12 +764,12 @@ NEW_YORK_CHANGES = [c for c in CHANGES if c.zone == "America/New_York"]
 
 
 @pytest.mark.parametrize("change", PARIS_CHANGES + NEW_YORK_CHANGES, ids=lambda c: c.id)
-@pytest.mark.parametrize("name", sorted(schedule_specs()))
+@pytest.mark.parametrize("name", sorted(crontab_fields()))
 def test_a_stored_crontab_across_a_daylight_saving_change(change: Change, name: str) -> None:
     """The instants of a stored crontab in its own zone are those the documented
     rules give for a static crontab (``test_dst.expected_runs``), through the
     engine's definition and through next_runs."""
-    fields = schedule_specs()[name]
+    fields = crontab_fields()[name]
     static = crontab(**fields)
     texts = " ".join(
         str(fields.get(f, "*"))
