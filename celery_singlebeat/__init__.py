@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     )
     from .scheduler import SingleBeatScheduler
     from .schedules.api import Schedules
-    from .schedules.definition import StoredEntry, stored_entry
+    from .schedules.entry import StoredEntry, stored_entry
     from .singleton import Singleton, SingletonTask
     from .store.admin import create_schema
 
@@ -58,8 +58,8 @@ _LAZY = {
     "StoreUnavailable": ".exceptions",
     "SingleBeatScheduler": ".scheduler",
     "Schedules": ".schedules.api",
-    "StoredEntry": ".schedules.definition",
-    "stored_entry": ".schedules.definition",
+    "StoredEntry": ".schedules.entry",
+    "stored_entry": ".schedules.entry",
     "create_schema": ".store.admin",
     "Singleton": ".singleton",
     "SingletonTask": ".singleton",

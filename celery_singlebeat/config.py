@@ -39,7 +39,8 @@ DEFAULT_HTTP_BIND = "0.0.0.0"
 
 @dataclass(frozen=True)
 class Setting:
-    """The definition of one setting: what the parser reads and the docs show.
+    """One setting: its name, what it accepts, its default and meaning; what the
+    parser reads and the docs show.
 
     :data:`SETTINGS` is the only list of settings: :meth:`Settings.from_conf`
     reads each through :func:`read_setting`, which refuses a name not defined there,
@@ -270,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-#: name -> definition
+#: name -> setting
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
 
 #: the keys a ``beat_schedule`` entry's ``options`` may carry for us
@@ -297,21 +298,27 @@ _TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 
 
 def _duration(name: str, value: Any, allow_zero: bool = False) -> timedelta:
+    """Setting ``name``'s ``value`` as a duration; a ConfigurationError naming it."""
+    try:
+        return _duration_of(value, allow_zero)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}={value!r}: {exc}") from None
+
+
+def _duration_of(value: Any, allow_zero: bool = False) -> timedelta:
+    """A timedelta or a number of seconds as a timedelta; ValueError saying why not
+    (its caller names the setting or the part)."""
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             result = timedelta(seconds=value)
         except (ValueError, OverflowError):  # nan, inf, beyond timedelta's range
-            raise ConfigurationError(f"{name}={value!r}: not a usable number of seconds") from None
+            raise ValueError("not a usable number of seconds") from None
     else:
-        raise ConfigurationError(
-            f"{name}={value!r}: expected a datetime.timedelta or a number of seconds"
-        )
+        raise ValueError("expected a datetime.timedelta or a number of seconds")
     if result < timedelta(0) or (result == timedelta(0) and not allow_zero):
-        raise ConfigurationError(
-            f"{name}={value!r}: must be " + ("0 or more" if allow_zero else "positive")
-        )
+        raise ValueError("must be " + ("0 or more" if allow_zero else "positive"))
     return result
 
 
@@ -417,23 +424,96 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+# -- the missed-run policy ------------------------------------------------------
+
+#: the parts of a missed-run policy as a stored entry's document names them, and
+#: the key of each in the settings and in a beat_schedule entry's options, after
+#: their ``singlebeat_`` prefix
+MISSED_KEYS: Mapping[str, str] = {
+    "policy": "missed_policy",
+    "grace": "missed_grace",
+    "max": "missed_max",
+}
+
+#: the policy of ``singlebeat_missed_*``'s defined defaults: what the settings
+#: leave unsaid, and what a stored entry's override does (an entry is stored
+#: apart from any app, so not the app's settings)
+BUILTIN_MISSED_POLICY = MissedPolicy(
+    mode=setting_default("singlebeat_missed_policy"),
+    grace_us=_us(timedelta(seconds=setting_default("singlebeat_missed_grace"))),
+    max_missed=setting_default("singlebeat_missed_max"),
+)
+
+
+class MissedPolicyError(ConfigurationError):
+    """One part of a missed-run policy is wrong.
+
+    ``part`` is ``policy``, ``grace`` or ``max``; ``reason`` the value and why
+    (``0: expected an integer >= 1``). The text names the key the part was
+    given as (``singlebeat_missed_max=0: expected an integer >= 1``); a caller
+    that names the part its own way (a stored entry's ``missed.max``) reads
+    ``part`` and ``reason``.
+    """
+
+    def __init__(self, prefix: str, part: str, reason: str) -> None:
+        # args are the constructor's, so that pickle rebuilds the same error
+        super().__init__(prefix, part, reason)
+        self.prefix = prefix
+        self.part = part
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{MISSED_KEYS[self.part]}={self.reason}"
+
+
 def parse_missed_policy(
     prefix: str, options: Mapping[str, Any], default: MissedPolicy
 ) -> MissedPolicy:
-    """A missed-run policy from ``<prefix>missed_policy``/``_grace``/``_max`` keys."""
-    mode = options.get(f"{prefix}missed_policy", default.mode)
+    """A missed-run policy from the ``<prefix>missed_policy``/``_grace``/``_max``
+    keys of ``options``, ``default``'s parts where they say nothing; a
+    :class:`MissedPolicyError` for the first wrong part.
+
+    The one parser of a policy: the settings (``singlebeat_``), a
+    beat_schedule entry's options (``singlebeat_``:
+    :func:`celery_singlebeat.beat.source.entry_policy`) and a stored entry's
+    override (its document form's parts, given here without a prefix:
+    :func:`celery_singlebeat.schedules.checks.parse_missed`) all read it here,
+    and each names a wrong part its own way.
+    """
+    mode = options.get(f"{prefix}{MISSED_KEYS['policy']}", default.mode)
     if mode not in MISSED_MODES:
-        raise ConfigurationError(
-            f"{prefix}missed_policy={mode!r}: expected one of {', '.join(MISSED_MODES)}"
+        raise MissedPolicyError(
+            prefix, "policy", f"{mode!r}: expected one of {', '.join(MISSED_MODES)}"
         )
-    grace = options.get(f"{prefix}missed_grace")
-    grace_us = default.grace_us if grace is None else _us(_duration(f"{prefix}missed_grace", grace))
-    max_missed = options.get(f"{prefix}missed_max", default.max_missed)
+    grace = options.get(f"{prefix}{MISSED_KEYS['grace']}")
+    if grace is None:
+        grace_us = default.grace_us
+    else:
+        try:
+            grace_us = _us(_duration_of(grace))
+        except ValueError as exc:
+            raise MissedPolicyError(prefix, "grace", f"{grace!r}: {exc}") from None
+    max_missed = options.get(f"{prefix}{MISSED_KEYS['max']}", default.max_missed)
     if not isinstance(max_missed, int) or isinstance(max_missed, bool) or max_missed < 1:
-        raise ConfigurationError(f"{prefix}missed_max={max_missed!r}: expected an integer >= 1")
+        raise MissedPolicyError(prefix, "max", f"{max_missed!r}: expected an integer >= 1")
     policy = MissedPolicy(mode=mode, grace_us=grace_us, max_missed=max_missed)
     # the default's own instance when equal: one per entry adds up at 100,000 entries
     return default if policy == default else policy
+
+
+def check_missed_policy(policy: MissedPolicy) -> MissedPolicy:
+    """``policy``, given whole as a :class:`MissedPolicy` (a stored entry's
+    override), checked part by part; a :class:`MissedPolicyError` for the first
+    wrong part."""
+    if policy.mode not in MISSED_MODES:
+        raise MissedPolicyError(
+            "", "policy", f"{policy.mode!r}: expected one of {', '.join(MISSED_MODES)}"
+        )
+    if policy.grace_us <= 0:
+        raise MissedPolicyError("", "grace", f"{policy.grace_us} us: must be positive")
+    if policy.max_missed < 1:
+        raise MissedPolicyError("", "max", f"{policy.max_missed}: expected an integer >= 1")
+    return policy
 
 
 @dataclass(frozen=True, repr=False)
@@ -598,12 +678,11 @@ class Settings:
                 f"singlebeat_run_retention ({run_retention.total_seconds():g}s) must be at "
                 "least one hour: it is how long a repeated delivery of a slot is recognised"
             )
-        default_policy = MissedPolicy(
-            setting_default("singlebeat_missed_policy"),
-            _us(timedelta(seconds=setting_default("singlebeat_missed_grace"))),
-            setting_default("singlebeat_missed_max"),
-        )
-        missed = parse_missed_policy("singlebeat_", conf, default_policy)
+        try:
+            missed = parse_missed_policy("singlebeat_", conf, BUILTIN_MISSED_POLICY)
+        except MissedPolicyError as exc:
+            # a plain ConfigurationError, as every other setting's
+            raise ConfigurationError(str(exc)) from None
 
         prefix = read_setting(conf, "singlebeat_table_prefix")
         # ASCII only: str.isalnum() also accepts "é", "²" or "٣", which the

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..config import ENTRY_OPTIONS, parse_missed_policy
+from ..config import ENTRY_OPTIONS, MissedPolicyError, parse_missed_policy
 from ..exceptions import ConfigurationError
 from ..sources import EntryDefinition, EntrySource, check_definition
 from ..timeline.slots import MissedPolicy
@@ -47,7 +47,7 @@ def entry_policy(name: str, options: Mapping[str, Any], default: MissedPolicy) -
         )
     try:
         return parse_missed_policy(ENTRY_OPTION_PREFIX, options, default)
-    except ConfigurationError as exc:
+    except MissedPolicyError as exc:
         raise ConfigurationError(f"{LABEL}[{name!r}].options: {exc}") from None
 
 

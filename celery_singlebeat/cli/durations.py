@@ -9,12 +9,11 @@ without an offset is refused, since the pod's zone and the fleet's may differ.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Any, NamedTuple
 
 import click
 
-from ..timeline.clock import datetime_to_us
+from ..timeline.clock import NaiveInstantError, datetime_to_us, parse_instant
 
 _UNIT_US = {
     "ms": 1_000,
@@ -42,21 +41,19 @@ def parse_duration(text: str) -> int:
     return total
 
 
-def parse_instant(text: str) -> int:
-    """Microseconds since the epoch of an ISO-8601 instant with its offset."""
-    value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
+def instant_us(text: str) -> int:
+    """Microseconds since the epoch of an ISO-8601 instant with its offset
+    (:func:`~celery_singlebeat.timeline.clock.parse_instant`), its errors worded
+    for an option that takes a duration too."""
     try:
-        parsed = datetime.fromisoformat(value)
+        return datetime_to_us(parse_instant(text))
+    except NaiveInstantError:
+        raise ValueError(f"{text!r} has no UTC offset: add Z or +HH:MM") from None
     except ValueError:
         raise ValueError(
             f"{text!r} is neither a duration (90s, 15m, 1h30m) nor an ISO-8601 instant "
             "(2026-03-01T12:00:00Z)"
         ) from None
-    if parsed.tzinfo is None:
-        raise ValueError(f"{text!r} has no UTC offset: add Z or +HH:MM")
-    return datetime_to_us(parsed)
 
 
 # Unsubscripted: click 8.2 made ParamType generic, and the click that Celery 5.2
@@ -97,6 +94,6 @@ class InstantOrDuration(click.ParamType):  # type: ignore[type-arg]
         except ValueError:
             pass
         try:
-            return When(parse_instant(text), False)
+            return When(instant_us(text), False)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)

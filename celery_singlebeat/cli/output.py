@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import click
 
+# re-exported: every command shows a slot with it, as the log lines do
+from ..timeline.clock import slot_text as slot_text
 from ..timeline.clock import us_to_datetime
 
 if TYPE_CHECKING:
@@ -58,12 +60,6 @@ def iso(instant_us: int | None) -> str | None:
             timespec="seconds"
         )[:-6]  # without its "+00:00"
     return f"{text}.{micro:06d}Z"
-
-
-def slot_text(instant_us: int) -> str:
-    """UTC with milliseconds, as the log lines name a slot."""
-    text = us_to_datetime(instant_us).isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z")
 
 
 def span(duration_us: int) -> str:

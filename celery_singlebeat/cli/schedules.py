@@ -29,7 +29,7 @@ from .status import json_option
 
 if TYPE_CHECKING:
     from ..schedules.api import Schedules
-    from ..schedules.definition import StoredEntry
+    from ..schedules.entry import StoredEntry
 
 
 @contextmanager
@@ -86,7 +86,7 @@ def _fields(
     description: str | None,
 ) -> dict[str, Any]:
     """The entry fields the options set (None: not given)."""
-    from ..schedules.kinds import parse_instant
+    from ..timeline.clock import parse_instant
 
     fields: dict[str, Any] = {}
     if args is not None:
@@ -110,8 +110,8 @@ def _fields(
     return fields
 
 
-def definition_options(f: Any) -> Any:
-    """The options that say what an entry is (add, edit, show's preview)."""
+def entry_field_options(f: Any) -> Any:
+    """The options that set a stored entry's fields (add, edit, show's preview)."""
     options = [
         click.option("--task", default=None, metavar="TASK", help="The task's registered name."),
         click.option("--every", type=float, default=None, metavar="SECONDS", help="An interval."),
@@ -172,7 +172,7 @@ def _when(instant: datetime | None) -> str:
 
 
 def _entry_json(entry: StoredEntry, runs: list[datetime] | None = None) -> dict[str, Any]:
-    from ..schedules.spec import DOCUMENT_DEFAULTS, entry_to_document
+    from ..schedules.document import DOCUMENT_DEFAULTS, entry_to_document
 
     # every key, defaults included: a script reads one shape whatever the entry
     doc: dict[str, Any] = {"name": entry.name, **DOCUMENT_DEFAULTS, **entry_to_document(entry)}
@@ -200,7 +200,7 @@ def list_command(
     ctx: click.Context, enabled: bool | None, managed_by: str | None, as_json: bool
 ) -> None:
     """The stored entries, by name, with their next run."""
-    from ..schedules.spec import schedule_text
+    from ..schedules.document import schedule_text
 
     with schedules_of(ctx) as schedules:
         entries = schedules.list(enabled=enabled, managed_by=managed_by)
@@ -238,7 +238,7 @@ def list_command(
     metavar="N",
     help="How many next runs to list.",
 )
-@definition_options
+@entry_field_options
 @json_option
 @click.pass_context
 def show_command(ctx: click.Context, /, name: str, count: int, as_json: bool, **given: Any) -> None:
@@ -276,7 +276,7 @@ def _preview(name: str, given: dict[str, Any]) -> StoredEntry | None:
         return None
     if schedule is None or given["task"] is None:
         raise click.UsageError("a preview needs --task and a schedule (--every, --crontab, --at)")
-    from ..schedules.definition import stored_entry
+    from ..schedules.entry import stored_entry
 
     fields = _fields(
         **{
@@ -369,7 +369,7 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
 
 @schedules_group.command(name="add")
 @click.argument("name")
-@definition_options
+@entry_field_options
 @click.option("--disabled", is_flag=True, help="Store it without sending it yet.")
 @click.option("--replace", is_flag=True, help="Replace an entry of that name (else exit 2).")
 @why_option
@@ -393,7 +393,7 @@ def add_command(
     schedule = _schedule_of(given["every"], given["cron"], given["tz"], given["at"])
     if schedule is None:
         raise click.UsageError("add needs a schedule: --every, --crontab or --at")
-    from ..schedules.definition import stored_entry
+    from ..schedules.entry import stored_entry
 
     with schedules_of(ctx, by) as schedules:
         fields = _fields(
@@ -411,7 +411,7 @@ def add_command(
 
 @schedules_group.command(name="edit")
 @click.argument("name")
-@definition_options
+@entry_field_options
 @revision_option
 @why_option
 @by_option

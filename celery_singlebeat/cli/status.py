@@ -117,8 +117,9 @@ def with_stored(
     ``DUE_SLACK_US`` ago, unpaused. Re-sorted next due first."""
     from datetime import timezone
 
+    from ..schedules.columns import entry_from_fields
+    from ..schedules.document import schedule_text
     from ..schedules.runs import next_runs
-    from ..schedules.spec import entry_from_fields, schedule_text
     from ..store.fleet import DUE_SLACK_US
     from ..timeline.clock import us_to_datetime
 

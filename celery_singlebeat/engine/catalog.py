@@ -1,10 +1,12 @@
 """What each replica tells the database about the entries it has.
 
 A replica publishes one catalog row per entry at start-up (and after an
-outage): the task, a human description of the schedule, and a JSON *spec*
-(:mod:`.schedule_spec`, which says the format) from which a reader without
-the application (the CLI, the health probe, an admin page) rebuilds the same
-slot sequence the replicas compute, so that it can show an entry's next slot.
+outage): the task, a human description of the schedule, and its *spec*, the
+schedule's JSON in its catalog form
+(:mod:`~celery_singlebeat.timeline.catalog_form` says the format), from which
+a reader without the application (the CLI, the health probe, an admin page)
+rebuilds the same slot sequence the replicas compute, so that it can show an
+entry's next slot.
 """
 
 from __future__ import annotations
@@ -12,11 +14,8 @@ from __future__ import annotations
 from datetime import tzinfo
 
 from ..store.base import CatalogEntry
-from ..timeline.schedule_spec import sequence_of, spec_of
-
-#: the catalog's column widths (store/schema.py)
-MAX_TASK = 255
-MAX_SCHEDULE_TEXT = 500
+from ..store.widths import MAX_SCHEDULE_TEXT, MAX_TASK
+from ..timeline.catalog_form import sequence_of, spec_of
 
 
 def describe(name: str, task: str, schedule: object, tz: tzinfo) -> CatalogEntry:
@@ -30,4 +29,4 @@ def describe(name: str, task: str, schedule: object, tz: tzinfo) -> CatalogEntry
     )
 
 
-__all__ = ["MAX_SCHEDULE_TEXT", "MAX_TASK", "describe", "sequence_of"]
+__all__ = ["describe", "sequence_of"]

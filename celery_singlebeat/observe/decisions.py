@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Final
 
 from ..store.base import Claim, SlotKey
-from ..timeline.clock import us_to_datetime
+
+# re-exported: the engine and SingletonTask name a slot in their lines with it
+from ..timeline.clock import slot_text as slot_text
 
 # -- the scheduler (logger celery_singlebeat.scheduler) ------------------------
 
@@ -87,11 +89,6 @@ SLOT_FIELDS: Final = ("decision", "replica", "entry", "slot", "slot_us", "task_i
 #: ``last_slot``/``last_slot_us`` on ``skipped``, the singleton ``key`` on a
 #: SingletonTask's records
 FIELDS: Final = (*SLOT_FIELDS, "count", "last_slot", "last_slot_us", "key")
-
-
-def slot_text(slot_us: int) -> str:
-    """A slot instant as the log lines show it: ISO-8601 UTC, milliseconds, ``Z``."""
-    return us_to_datetime(slot_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def slot_fields(

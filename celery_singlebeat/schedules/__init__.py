@@ -8,9 +8,13 @@ field). Modules, one concept each:
 
 * ``kinds.py``: the kinds of schedule (interval, crontab, solar, one run at an
   instant), checked, and their data form;
-* ``definition.py``: :class:`StoredEntry` and its validation;
-* ``spec.py``: the entry as the store's columns and as a document (files,
-  ``--json``);
+* ``entry.py``: the value, :class:`StoredEntry`, made by
+  :func:`~celery_singlebeat.stored_entry` and changed by :func:`with_changes`;
+* ``checks.py``: the check of each field, each problem named;
+* ``rows.py``: a row read back from the store, checked as cheaply as
+  start-up needs;
+* ``columns.py``: the entry as the store's columns;
+* ``document.py``: the entry as a document (files, ``--json``);
 * ``runs.py``: the entry as the engine's definition (:func:`definition_of`)
   and its next runs (:func:`next_runs`).
 
@@ -20,16 +24,11 @@ Nothing here touches a store or the engine.
 from __future__ import annotations
 
 from ..timeline.bounds import At
-from .definition import StoredEntry, stored_entry, with_changes
+from .columns import entry_from_fields, entry_to_fields
+from .document import entry_from_document, entry_to_document
+from .entry import StoredEntry, stored_entry, with_changes
+from .kinds import schedule_from_data, schedule_to_data
 from .runs import StoredSchedule, definition_of, next_runs
-from .spec import (
-    entry_from_document,
-    entry_from_fields,
-    entry_to_document,
-    entry_to_fields,
-    schedule_from_data,
-    schedule_to_data,
-)
 
 __all__ = [
     "At",

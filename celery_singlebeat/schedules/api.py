@@ -24,13 +24,14 @@ from typing import Any
 
 from ..config import Settings
 from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
-from ..store.author import MAX_AUTHOR, default_author
+from ..store.author import default_author
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleLogRow, ScheduleWrite
+from ..store.widths import MAX_AUTHOR
 from ..timeline.clock import datetime_to_us
-from .definition import StoredEntry, stored_entry, with_changes
+from .columns import entry_from_fields, entry_to_fields
+from .entry import StoredEntry, stored_entry, with_changes
 from .runs import next_runs as _next_runs
-from .spec import entry_from_fields, entry_to_fields
 
 #: what ``upsert`` does when the name exists
 IF_EXISTS = ("replace", "error", "keep")
@@ -123,7 +124,7 @@ class Schedules:
         anchor: datetime | None = None,
     ) -> builtins.list[datetime]:
         """The next ``n`` instants (aware, UTC) the replicas would send: of a
-        stored entry by name, of a definition not saved yet (a
+        stored entry by name, of an entry not saved yet (a
         :class:`StoredEntry`), or of a bare schedule (a ``crontab``, a
         ``timedelta``...), as the engine computes them."""
         target = self.get(name_or_entry) if isinstance(name_or_entry, str) else name_or_entry
@@ -261,7 +262,9 @@ class Schedules:
     def _write(
         self, writes: builtins.list[ScheduleWrite], why: str, by: str | None, connection: Any
     ) -> builtins.list[StoredEntry]:
-        rows = self.store.write_schedules(writes, (by or self.by)[:120], why, connection=connection)
+        rows = self.store.write_schedules(
+            writes, (by or self.by)[:MAX_AUTHOR], why, connection=connection
+        )
         return [entry_from_fields(r._asdict()) for r in rows if not r.deleted]
 
     def check_name(self, name: str) -> None:

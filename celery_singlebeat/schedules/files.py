@@ -27,8 +27,9 @@ from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry, ScheduleError
 from ..store.values import ScheduleWrite
-from .definition import StoredEntry
-from .spec import entry_from_document, entry_to_document, entry_to_fields
+from .columns import entry_to_fields
+from .document import entry_from_document, entry_to_document
+from .entry import StoredEntry
 
 #: the format this release writes and reads
 FILE_VERSION = 1

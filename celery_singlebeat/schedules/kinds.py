@@ -11,7 +11,7 @@ the rest of the library computes slots from:
 * one run at an instant: :class:`~celery_singlebeat.timeline.bounds.At`.
 
 Its *data form* is one JSON object, the same in files, on the command line
-and in the database (``schedules.spec`` re-exports the two functions)::
+and in the database's ``spec`` column (:mod:`.columns`)::
 
     {"every": 30.0}                                  seconds, a float allowed
     {"crontab": "*/5 * * * *", "tz": "Europe/Paris"}  tz null: the app's zone
@@ -41,7 +41,7 @@ from celery.schedules import schedule as interval_schedule
 
 from ..exceptions import InvalidEntry
 from ..timeline.bounds import At
-from ..timeline.clock import US
+from ..timeline.clock import US, parse_instant
 from ..timeline.slots import period_of
 
 #: the shortest interval: slots closer than this are not told apart by people
@@ -283,18 +283,6 @@ def make_solar(entry: str, event: Any, lat: Any, lon: Any) -> solar:
         raise _fail(entry, "schedule.solar", str(exc)) from None
 
 
-def parse_instant(text: str) -> datetime:
-    """An aware datetime from ISO 8601 text (``Z`` accepted on Python 3.9 too);
-    ValueError for text that is none, or a naive one."""
-    value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValueError(f"{text!r} has no UTC offset")
-    return parsed
-
-
 def make_at(entry: str, value: Any, field: str = "schedule") -> At:
     """A checked single run at an aware datetime (or ISO 8601 text)."""
     if isinstance(value, str):
@@ -450,7 +438,6 @@ __all__ = [
     "load_zone",
     "make_schedule",
     "own_zone",
-    "parse_instant",
     "schedule_from_data",
     "schedule_to_data",
     "zone_name",

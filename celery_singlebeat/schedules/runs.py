@@ -1,10 +1,10 @@
 """When a stored entry runs: its definition for the engine, and its next runs.
 
-:func:`definition_of` turns a :class:`~.definition.StoredEntry` into the
+:func:`definition_of` turns a :class:`~.entry.StoredEntry` into the
 :class:`~celery_singlebeat.sources.EntryDefinition` the engine tracks. Its
 ``schedule`` is a :class:`StoredSchedule`, which gives the engine (through
 ``slots.sequence_for``'s ``slot_sequence`` hook), the catalog (through
-``schedule_spec.spec_of``) and the fleet (through the spec) one sequence of
+``catalog_form.spec_of``) and the operator's status (through the spec) one sequence of
 instants: the entry's schedule within its start and end, its first
 ``max_runs`` runs, each moved by its jitter (:mod:`celery_singlebeat.timeline.bounds`).
 
@@ -27,8 +27,9 @@ from ..store.values import EDITABLE, ScheduleRow
 from ..timeline.bounds import UNBOUNDED, At, BoundedSchedule, Bounds, bounded_sequence
 from ..timeline.clock import datetime_to_us, us_to_datetime
 from ..timeline.slots import MissedPolicy, SlotSequence, sequence_for
-from .definition import NO_OPTIONS, StoredEntry, checked_row
+from .entry import StoredEntry
 from .kinds import own_zone, schedule_from_data
+from .rows import NO_OPTIONS, checked_row
 
 #: the source label of stored entries, in every message about one
 LABEL = "stored schedules"
@@ -154,9 +155,9 @@ def definition_of_row(
     label: str = LABEL,
 ) -> EntryDefinition:
     """:func:`definition_of` the entry of a row as the store keeps it, the
-    same definition, without the :class:`~.definition.StoredEntry` between:
+    same definition, without the :class:`~.entry.StoredEntry` between:
     a replica reads every row at start-up (100,000 took 2.7 s that way, 0.8 s
-    this one). InvalidEntry as ``spec.entry_from_fields`` for a row that is
+    this one). InvalidEntry as ``columns.entry_from_fields`` for a row that is
     not a valid entry."""
     values = checked_row(*row[:_WRITTEN])
     created = row.created_us
@@ -250,7 +251,7 @@ def next_runs(
     """The next ``n`` runs after ``now`` (aware, UTC; ``now`` defaults to the
     process's clock), as the replicas compute them.
 
-    Of a :class:`~.definition.StoredEntry` (its start, end, ``max_runs`` and
+    Of a :class:`~.entry.StoredEntry` (its start, end, ``max_runs`` and
     jitter; none when disabled; ``max_runs`` of an entry not saved yet counts
     from ``now``), or of a bare schedule: Celery's ``crontab``, ``schedule``,
     ``solar``, a ``timedelta``, an aware ``datetime`` (one run), the data form.

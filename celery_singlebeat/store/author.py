@@ -6,8 +6,7 @@ from __future__ import annotations
 import getpass
 import socket
 
-#: the width of every ``by`` column (pauses, run-now requests, schedule history)
-MAX_AUTHOR = 120
+from .widths import MAX_AUTHOR
 
 
 def default_author() -> str:
@@ -19,4 +18,4 @@ def default_author() -> str:
     return f"{user}@{socket.gethostname()}"[:MAX_AUTHOR]
 
 
-__all__ = ["MAX_AUTHOR", "default_author"]
+__all__ = ["default_author"]

@@ -36,6 +36,7 @@ from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_cha
 from .fleet_statements import FleetDialect, status_entries
 from .schema import MAX_ENTRY_NAME
 from .sql import FleetPruned, SqlStore
+from .widths import MAX_AUTHOR, MAX_REASON
 
 if TYPE_CHECKING:
     from ..timeline.slots import SlotSequence
@@ -47,9 +48,6 @@ T = TypeVar("T")
 #: entry's first proposer 250 ms later, so two seconds is far beyond normal
 DUE_SLACK_US = 2_000_000
 
-#: the column widths controls write into (store/schema.py)
-MAX_BY = 120
-MAX_REASON = 500
 
 #: a run-now's slot is the database's now, or the first free microsecond after
 #: it among this many: a row of that very instant is a coincidence (a slot, or
@@ -345,7 +343,7 @@ class Fleet:
         Per entry: its task and schedule from the catalog (rows of live replicas
         first), how many live replicas have it, the next slot the fleet will
         send (rebuilt from the catalog's spec and the entry's anchor:
-        :func:`celery_singlebeat.timeline.schedule_spec.sequence_of`), the first slot it should
+        :func:`celery_singlebeat.timeline.catalog_form.sequence_of`), the first slot it should
         have sent and did not when there is one (``overdue_slot_us``), the
         latest slot claimed and the state of its row, the latest sent slot with
         its sender and delay, and the pause in force (its own or ``*``).
@@ -698,8 +696,8 @@ def _names(entries: Sequence[str]) -> list[str]:
 
 
 def _check_texts(by: str, reason: str) -> None:
-    if not by or len(by) > MAX_BY:
-        raise ControlError(f"who ({by[:40]!r}): expected 1 to {MAX_BY} characters")
+    if not by or len(by) > MAX_AUTHOR:
+        raise ControlError(f"who ({by[:40]!r}): expected 1 to {MAX_AUTHOR} characters")
     if len(reason) > MAX_REASON:
         raise ControlError(f"reason: {len(reason)} characters, at most {MAX_REASON}")
 
@@ -758,7 +756,7 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..timeline.schedule_spec import sequence_of
+    from ..timeline.catalog_form import sequence_of
     from ..timeline.slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}

@@ -17,14 +17,8 @@ from typing import Any, NamedTuple
 
 from ..exceptions import ScheduleConflict, ScheduleExists, ScheduleNotFound
 from .schema import MAX_ENTRY_NAME
-from .values import (
-    EDITABLE,
-    MAX_SCHEDULE_BY,
-    MAX_SCHEDULE_WHY,
-    SCHEDULE_OPS,
-    ScheduleRow,
-    ScheduleWrite,
-)
+from .values import EDITABLE, SCHEDULE_OPS, ScheduleRow, ScheduleWrite
+from .widths import MAX_AUTHOR, MAX_MANAGED_BY, MAX_SCHEDULE_WHY, MAX_TASK
 
 __all__ = ["Edit", "check_batch", "digest", "plan"]
 
@@ -36,10 +30,6 @@ _JSON_SHOWN = frozenset({"spec", "options", "policy"})
 #: JSON texts the history shows only as a digest: arguments may carry secrets
 #: (tokens, addresses) and the history is shown to operators
 _JSON_DIGEST = frozenset({"args", "kwargs"})
-
-#: longest task name and ``managed_by`` (their columns)
-MAX_TASK = 255
-MAX_MANAGED_BY = 255
 
 _STR = ("task", "spec", "args", "kwargs", "options", "description")
 _INT = ("jitter_us",)
@@ -77,8 +67,8 @@ def check_batch(writes: Sequence[ScheduleWrite], by: str, why: str) -> None:
     unknown for the operation, a value of the wrong type, a JSON column that
     is not JSON, ``by`` or ``why`` too long.
     """
-    if not isinstance(by, str) or len(by) > MAX_SCHEDULE_BY:
-        raise ValueError(f"by: expected a text of at most {MAX_SCHEDULE_BY} characters")
+    if not isinstance(by, str) or len(by) > MAX_AUTHOR:
+        raise ValueError(f"by: expected a text of at most {MAX_AUTHOR} characters")
     if not isinstance(why, str) or len(why) > MAX_SCHEDULE_WHY:
         raise ValueError(f"why: expected a text of at most {MAX_SCHEDULE_WHY} characters")
     seen: set[str] = set()

@@ -21,6 +21,24 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
+from .widths import (
+    MAX_ACTION,
+    MAX_AUTHOR,
+    MAX_CATALOG_ID,
+    MAX_GENERATED_ID,
+    MAX_HOST,
+    MAX_MANAGED_BY,
+    MAX_META_KEY,
+    MAX_OUTCOME,
+    MAX_REASON,
+    MAX_REPLICA_ID,
+    MAX_SCHEDULE_TEXT,
+    MAX_SCHEDULE_WHY,
+    MAX_TASK,
+    MAX_TASK_ID,
+    MAX_VERSION,
+)
+
 # the longest entry name a slot key can hold (InnoDB's key length bounds it);
 # a leaf, because the stored schedules refuse longer names without a store
 from .widths import MAX_ENTRY_NAME as MAX_ENTRY_NAME
@@ -51,7 +69,7 @@ class Tables:
         self.meta = Table(
             f"{prefix}meta",
             self.metadata,
-            Column("key", String(64), primary_key=True),
+            Column("key", String(MAX_META_KEY), primary_key=True),
             Column("value_us", BigInteger, nullable=False),
         )
         self.entries = Table(
@@ -61,7 +79,7 @@ class Tables:
             Column("anchor_us", BigInteger, nullable=False),
             # raised by prune before it deletes rows, see Store.prune
             Column("last_slot_us", BigInteger, nullable=True),
-            Column("registered_by", String(120), nullable=False),
+            Column("registered_by", String(MAX_REPLICA_ID), nullable=False),
         )
         self.slots = Table(
             f"{prefix}slots",
@@ -69,13 +87,13 @@ class Tables:
             Column("entry", _Name, primary_key=True),
             Column("slot_us", BigInteger, primary_key=True, autoincrement=False),
             Column("state", SmallInteger, nullable=False),  # 0 claimed, 1 sent
-            Column("owner", String(120), nullable=False),
+            Column("owner", String(MAX_REPLICA_ID), nullable=False),
             Column("fence", BigInteger, nullable=False),
             Column("lease_until_us", BigInteger, nullable=False),
             Column("claimed_us", BigInteger, nullable=False),
             Column("sent_us", BigInteger, nullable=True),
             # MySQL has no RETURNING: a claim marks its rows with a batch id, then reads them
-            Column("batch", String(32), nullable=True),
+            Column("batch", String(MAX_GENERATED_ID), nullable=True),
             Index(f"ix_{prefix}slots_open", "state", "lease_until_us"),
             Index(f"ix_{prefix}slots_batch", "batch"),
             # range scans by slot instant: the prune's old sent rows, and the
@@ -89,9 +107,9 @@ class Tables:
             self.metadata,
             Column("name", _Name, primary_key=True),
             Column("token", BigInteger, nullable=False),
-            Column("owner", String(120), nullable=False),
+            Column("owner", String(MAX_REPLICA_ID), nullable=False),
             # MySQL has no RETURNING: an acquisition marks the row with its own id
-            Column("grant_id", String(32), nullable=False),
+            Column("grant_id", String(MAX_GENERATED_ID), nullable=False),
             Column("expires_us", BigInteger, nullable=False),  # 0 once released
             Column("acquired_us", BigInteger, nullable=False),
         )
@@ -101,14 +119,14 @@ class Tables:
             self.metadata,
             Column("entry", _Name, primary_key=True),
             Column("slot_us", BigInteger, primary_key=True, autoincrement=False),
-            Column("run_id", String(32), nullable=False),
+            Column("run_id", String(MAX_GENERATED_ID), nullable=False),
             Column("state", SmallInteger, nullable=False),  # 0 running, 1 finished
-            Column("owner", String(120), nullable=False),
-            Column("task_id", String(255), nullable=False),
+            Column("owner", String(MAX_REPLICA_ID), nullable=False),
+            Column("task_id", String(MAX_TASK_ID), nullable=False),
             Column("expires_us", BigInteger, nullable=False),
             Column("started_us", BigInteger, nullable=False),
             Column("finished_us", BigInteger, nullable=True),
-            Column("outcome", String(32), nullable=True),
+            Column("outcome", String(MAX_OUTCOME), nullable=True),
             # starts of this slot: more than one after a worker died mid-run
             Column("attempts", Integer, nullable=False),
             # deliveries dropped as duplicates, and the last one's instant
@@ -122,10 +140,10 @@ class Tables:
         self.replicas = Table(
             f"{prefix}replicas",
             self.metadata,
-            Column("id", String(120), primary_key=True),
-            Column("host", String(255), nullable=False),
+            Column("id", String(MAX_REPLICA_ID), primary_key=True),
+            Column("host", String(MAX_HOST), nullable=False),
             Column("pid", Integer, nullable=False),
-            Column("version", String(64), nullable=False),
+            Column("version", String(MAX_VERSION), nullable=False),
             Column("started_us", BigInteger, nullable=False),
             # database clock of the last heartbeat: its last successful round trip
             # that the row records (at most one sweep old while it runs)
@@ -139,7 +157,7 @@ class Tables:
             Column("heartbeat_us", BigInteger, nullable=False),
             Column("stopped_us", BigInteger, nullable=True),
             # the id of the catalog it published (a digest of its entries)
-            Column("catalog", String(64), nullable=True),
+            Column("catalog", String(MAX_CATALOG_ID), nullable=True),
             # slots it had sent that a failover lost, written again (failover.py)
             Column("lost_writes", Integer, nullable=False, default=0),
         )
@@ -158,7 +176,7 @@ class Tables:
         self.catalogs = Table(
             f"{prefix}catalogs",
             self.metadata,
-            Column("id", String(64), primary_key=True),
+            Column("id", String(MAX_CATALOG_ID), primary_key=True),
             Column("entries", Integer, nullable=False),
             Column("published_us", BigInteger, nullable=False),
         )
@@ -167,11 +185,12 @@ class Tables:
             self.metadata,
             # entry first: status groups by entry along the primary key
             Column("entry", _Name, primary_key=True),
-            Column("catalog", String(64), primary_key=True),
-            Column("task", String(255), nullable=False),
+            Column("catalog", String(MAX_CATALOG_ID), primary_key=True),
+            Column("task", String(MAX_TASK), nullable=False),
             # human text ("every 10s", "crontab(*/5 * * * *) Europe/Paris")
-            Column("schedule", String(500), nullable=False),
-            # JSON a reader rebuilds the slot sequence from (slots.describe_schedule)
+            Column("schedule", String(MAX_SCHEDULE_TEXT), nullable=False),
+            # the schedule's catalog form, JSON a reader rebuilds the slot
+            # sequence from (timeline.catalog_form.spec_of writes it)
             Column("spec", Text, nullable=False),
             Index(f"ix_{prefix}catalog_catalog", "catalog"),
         )
@@ -182,8 +201,8 @@ class Tables:
             self.metadata,
             Column("entry", _Name, primary_key=True),
             Column("until_us", BigInteger, nullable=True),
-            Column("paused_by", String(120), nullable=False),
-            Column("reason", String(500), nullable=False),
+            Column("paused_by", String(MAX_AUTHOR), nullable=False),
+            Column("reason", String(MAX_REASON), nullable=False),
             Column("at_us", BigInteger, nullable=False),
         )
         # Run-now requests: each is also an abandoned slot row (fence 0) that a
@@ -193,8 +212,8 @@ class Tables:
             self.metadata,
             Column("entry", _Name, primary_key=True),
             Column("slot_us", BigInteger, primary_key=True, autoincrement=False),
-            Column("requested_by", String(120), nullable=False),
-            Column("reason", String(500), nullable=False),
+            Column("requested_by", String(MAX_AUTHOR), nullable=False),
+            Column("reason", String(MAX_REASON), nullable=False),
             Column("at_us", BigInteger, nullable=False),
         )
 
@@ -212,8 +231,9 @@ class Tables:
             f"{prefix}schedules",
             self.metadata,
             Column("name", _Name, primary_key=True),
-            Column("task", String(255), nullable=False),
-            # JSON texts the store does not interpret
+            Column("task", String(MAX_TASK), nullable=False),
+            # JSON texts the store does not interpret; spec: the schedule's
+            # data form (schedules.kinds.schedule_to_data writes it)
             Column("spec", _Text, nullable=False),
             Column("args", _Text, nullable=False),
             Column("kwargs", _Text, nullable=False),
@@ -225,12 +245,12 @@ class Tables:
             Column("policy", _Text, nullable=True),
             Column("jitter_us", BigInteger, nullable=False),
             Column("description", _Text, nullable=False),
-            Column("managed_by", String(255), nullable=True),
+            Column("managed_by", String(MAX_MANAGED_BY), nullable=True),
             Column("revision", BigInteger, nullable=False),
             Column("created_us", BigInteger, nullable=False),
             Column("updated_us", BigInteger, nullable=False),
-            Column("created_by", String(120), nullable=False),
-            Column("updated_by", String(120), nullable=False),
+            Column("created_by", String(MAX_AUTHOR), nullable=False),
+            Column("updated_by", String(MAX_AUTHOR), nullable=False),
             Column("deleted", SmallInteger, nullable=False),  # 1: a tombstone
             Index(f"ix_{prefix}schedules_revision", "revision"),
         )
@@ -241,9 +261,9 @@ class Tables:
             self.metadata,
             Column("revision", BigInteger, primary_key=True, autoincrement=False),
             Column("name", _Name, primary_key=True),
-            Column("action", String(16), nullable=False),  # created, changed, deleted
-            Column("changed_by", String(120), nullable=False),
-            Column("why", String(1000), nullable=False),
+            Column("action", String(MAX_ACTION), nullable=False),  # created, changed, deleted
+            Column("changed_by", String(MAX_AUTHOR), nullable=False),
+            Column("why", String(MAX_SCHEDULE_WHY), nullable=False),
             Column("at_us", BigInteger, nullable=False),
             Column("changes", _Text, nullable=False),
             # one entry's history, newest first

@@ -314,7 +314,3 @@ SCHEDULE_REVISION_KEY = "schedule_revision"
 
 #: the meta row holding the highest revision of a tombstone the prune deleted
 SCHEDULE_FLOOR_KEY = "schedule_floor"
-
-#: the longest ``by`` and ``why`` of a schedule write
-MAX_SCHEDULE_BY = 120
-MAX_SCHEDULE_WHY = 1000

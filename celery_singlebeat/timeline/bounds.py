@@ -327,8 +327,8 @@ class BoundedSchedule:
     Its slots are :func:`bounded_sequence`'s, through the ``slot_sequence``
     hook of :func:`~celery_singlebeat.timeline.slots.sequence_for`; the catalog
     describes it by its inner schedule and its bounds
-    (:func:`celery_singlebeat.timeline.schedule_spec.spec_of`), and the fleet rebuilds
-    the same sequence from that spec.
+    (:func:`celery_singlebeat.timeline.catalog_form.spec_of`), and the operator's status
+    rebuilds the same sequence from that spec.
     """
 
     inner: object

@@ -1,4 +1,4 @@
-"""The database's clock, as seen from this process.
+"""The database's clock, as seen from this process, and instants as text.
 
 Every comparison that decides *who may send* (lease expiry, dueness of a
 slot) uses the database's clock, never the pod's: pods disagree on the time,
@@ -6,6 +6,12 @@ the database is the one place they share. Each round trip returns the
 database's ``now``; this module keeps the offset between that and the local
 wall clock, so the scheduler can ask "what time is it on the database?"
 between round trips without asking the database.
+
+An instant is an integer of microseconds since the Unix epoch (``*_us``) or
+an aware ``datetime``; the conversions between the two, an instant read from
+ISO 8601 text (:func:`parse_instant`) and a slot's instant as the log lines
+and the CLI show it (:func:`slot_text`) are here, the lowest module every
+layer may import, so that each is written once.
 """
 
 from __future__ import annotations
@@ -32,6 +38,30 @@ def datetime_to_us(value: datetime) -> int:
         raise ValueError(f"naive datetime {value!r}: pass an aware datetime")
     delta = value - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
+
+
+class NaiveInstantError(ValueError):
+    """ISO 8601 text without its UTC offset: refused, since the pod's time zone
+    and the fleet's may differ (:func:`parse_instant`)."""
+
+
+def parse_instant(text: str) -> datetime:
+    """An aware datetime from ISO 8601 text (``Z`` accepted on Python 3.9 too);
+    ValueError for text that is none, :class:`NaiveInstantError` for a naive
+    one (its caller words each for its reader)."""
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise NaiveInstantError(f"{text!r} has no UTC offset")
+    return parsed
+
+
+def slot_text(slot_us: int) -> str:
+    """A slot's instant as the log lines and the CLI show it: ISO-8601 UTC,
+    milliseconds, ``Z``."""
+    return us_to_datetime(slot_us).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class DatabaseClock:

@@ -90,7 +90,7 @@ def _fixed_offset(tz: tzinfo) -> timedelta | None:
 
 
 #: the fields of the crontab objects read lately, by identity: stored entries
-#: with one schedule text share one crontab object (schedules/spec.py), and
+#: with one schedule text share one crontab object (schedules/rows.py), and
 #: reading its five sets again for each of 100,000 entries was a tenth of a
 #: replica's start-up. Each value keeps its crontab, so an id is not reused
 #: while it is here.

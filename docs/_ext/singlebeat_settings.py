@@ -1,4 +1,4 @@
-"""The configuration reference, rendered from the settings' own definitions.
+"""The configuration reference, rendered from the list of settings itself.
 
 ``celery_singlebeat.config.SETTINGS`` is the list the parser reads; this
 extension turns it into the tables of docs/configuration.md, so the reference

@@ -252,3 +252,32 @@ def test_per_entry_policy_overrides_the_default() -> None:
     assert parse_missed_policy("singlebeat_", {}, default) == default
     with pytest.raises(ConfigurationError, match=r"^singlebeat_missed_max=0"):
         parse_missed_policy("singlebeat_", {"singlebeat_missed_max": 0}, default)
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "reason"),
+    [
+        ("policy", "never", "'never': expected one of coalesce, skip, all"),
+        ("grace", 0, "0: must be positive"),
+        ("grace", "5", "'5': expected a datetime.timedelta or a number of seconds"),
+        ("grace", float("nan"), "nan: not a usable number of seconds"),
+        ("max", 0, "0: expected an integer >= 1"),
+    ],
+)
+def test_one_policy_parser_each_caller_names_the_part(part: str, value: Any, reason: str) -> None:
+    """The settings, a beat_schedule entry's options and a stored entry's override
+    read a policy with one parser, and each names a wrong part its own way."""
+    from celery_singlebeat import stored_entry
+    from celery_singlebeat.beat.source import entry_policy
+    from celery_singlebeat.exceptions import InvalidEntry
+
+    key = f"singlebeat_missed_{part}"
+    error = refused({key: value})
+    assert type(error) is ConfigurationError
+    assert str(error) == f"{key}={reason}"
+    with pytest.raises(ConfigurationError) as beat:
+        entry_policy("e", {key: value}, MissedPolicy("coalesce", 5_000_000, 100))
+    assert str(beat.value) == f"beat_schedule['e'].options: {key}={reason}"
+    with pytest.raises(InvalidEntry) as stored:
+        stored_entry("e", "proj.t", 30, missed={part: value})
+    assert stored.value.problems == ((f"missed.{part}", reason),)

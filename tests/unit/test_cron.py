@@ -171,15 +171,15 @@ DST_DAYS = [
 
 
 @pytest.mark.parametrize(
-    ("zone", "day", "spec", "expected"),
+    ("zone", "day", "crontab_kwargs", "expected"),
     DST_DAYS,
     ids=[f"{z}-{d}-{'/'.join(map(str, s.values()))}" for z, d, s, _ in DST_DAYS],
 )
 def test_runs_on_daylight_saving_days(
-    zone: str, day: date, spec: dict[str, Any], expected: list[int]
+    zone: str, day: date, crontab_kwargs: dict[str, Any], expected: list[int]
 ) -> None:
     tz = ZoneInfo(zone)
-    cron = fields(tz, **spec)
+    cron = fields(tz, **crontab_kwargs)
     start, end = local_day(tz, day)
     runs = runs_between(cron, start, end)
 
@@ -252,8 +252,8 @@ INSTANTS = st.builds(
 def test_latest_at_or_before_is_the_inverse_of_next_after(
     case: tuple[tzinfo, dict[str, Any]], instant: int
 ) -> None:
-    tz, spec = case
-    cron = fields(tz, **spec)
+    tz, crontab_kwargs = case
+    cron = fields(tz, **crontab_kwargs)
     following = cron.next_after(instant)
     assert following is not None and following > instant
     # a run is its own latest run, and nothing runs strictly between instant and it
@@ -271,8 +271,8 @@ def test_latest_at_or_before_is_the_inverse_of_next_after(
 def test_count_between_equals_stepping(
     case: tuple[tzinfo, dict[str, Any]], first: int, length: int
 ) -> None:
-    tz, spec = case
-    cron = fields(tz, **spec)
+    tz, crontab_kwargs = case
+    cron = fields(tz, **crontab_kwargs)
     assert cron.count_between(first, first + length) == len(
         runs_between(cron, first, first + length + 1)
     )
@@ -352,18 +352,20 @@ CELERY_CRONTABS = [
 ]
 
 
-@pytest.mark.parametrize("spec", CELERY_CRONTABS, ids=lambda s: "/".join(map(str, s.values())))
-def test_agrees_with_celerys_remaining_estimate_in_utc(spec: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "crontab_kwargs", CELERY_CRONTABS, ids=lambda s: "/".join(map(str, s.values()))
+)
+def test_agrees_with_celerys_remaining_estimate_in_utc(crontab_kwargs: dict[str, Any]) -> None:
     # In UTC there is no daylight saving, where Celery is right: our next run after
     # t must be t + the remaining time Celery computes when its "now" is t.
     app = Celery(set_as_current=False)
     app.conf.timezone = "UTC"
-    ours = CronSequence(fields(UTC, **spec))
+    ours = CronSequence(fields(UTC, **crontab_kwargs))
     rng = random.Random(20260329)
     for _ in range(40):
         instant = utc_us(2026, 1, 1) + rng.randrange(0, 2 * 365 * 24 * HOUR_US)
         now = us_to_datetime(instant)
-        theirs = crontab(**spec, app=app, nowfun=lambda now=now: now)
+        theirs = crontab(**crontab_kwargs, app=app, nowfun=lambda now=now: now)
         expected = datetime_to_us(now + theirs.remaining_estimate(now))
         assert ours.next_after(instant) == expected, now
 
@@ -376,11 +378,14 @@ def test_a_zone_of_one_offset_runs_as_that_offset(zone: str, offset: timedelta) 
     # Such a zone maps even runs a day away by one subtraction (cron.py's
     # _FIXED_KEYS): its runs must be those of the fixed offset, found the long way.
     rng = random.Random(20261204)
-    for spec in CELERY_CRONTABS:
-        named, fixed = fields(ZoneInfo(zone), **spec), fields(timezone(offset), **spec)
+    for crontab_kwargs in CELERY_CRONTABS:
+        named, fixed = (
+            fields(ZoneInfo(zone), **crontab_kwargs),
+            fields(timezone(offset), **crontab_kwargs),
+        )
         for _ in range(40):
             instant = utc_us(2026, 1, 1) + rng.randrange(0, 365 * 24 * HOUR_US)
-            assert named.next_after(instant) == fixed.next_after(instant), (spec, instant)
+            assert named.next_after(instant) == fixed.next_after(instant), (crontab_kwargs, instant)
             assert named.latest_at_or_before(instant) == fixed.latest_at_or_before(instant)
     daily = fields(ZoneInfo(zone), minute=0, hour=9)
     nine = datetime(2026, 5, 2, 9, tzinfo=timezone(offset))

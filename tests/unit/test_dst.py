@@ -77,7 +77,7 @@ CHANGES = [
 BY_ID = {c.id: c for c in CHANGES}
 
 
-def schedule_specs() -> dict[str, dict[str, Any]]:
+def crontab_fields() -> dict[str, dict[str, Any]]:
     """The crontab fields of every entry (a fresh crontab is built per test)."""
     return {
         "quarter": {"minute": "*/15"},
@@ -200,7 +200,7 @@ def test_the_expected_instants_follow_the_documented_rules(change: Change) -> No
     )
     start = datetime_to_us(change.at) - 12 * 3600 * US
     end = datetime_to_us(change.at) + 12 * 3600 * US
-    schedules = {name: crontab(**spec) for name, spec in schedule_specs().items()}
+    schedules = {name: crontab(**fields) for name, fields in crontab_fields().items()}
     for name, runs in SINGLE_RUNS[change.id].items():
         assert sorted(expected_runs(schedules[name], tz, start, end)) == runs, name
     # 24 real hours: in spring one run per real hour (the missing 02:00 is the
@@ -310,7 +310,7 @@ def fleet_for() -> Iterator[Callable[..., Fleet]]:
 def crontabs(tz_given_by: str, zone: str) -> tuple[dict[str, crontab], dict[str, Any]]:
     """The entries and the app settings: the zone is the app's ``timezone``, or
     each crontab's own ``tz`` (and the app's timezone another zone)."""
-    schedules = {name: crontab(**spec) for name, spec in schedule_specs().items()}
+    schedules = {name: crontab(**fields) for name, fields in crontab_fields().items()}
     if tz_given_by == "app":
         return schedules, {"timezone": zone}
     for schedule in schedules.values():

@@ -31,8 +31,8 @@ from celery_singlebeat.timeline.bounds import (
     bounded_sequence,
     jitter_offset_us,
 )
+from celery_singlebeat.timeline.catalog_form import sequence_of, spec_of
 from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
-from celery_singlebeat.timeline.schedule_spec import sequence_of, spec_of
 from celery_singlebeat.timeline.slots import (
     CronSequence,
     IntervalSequence,

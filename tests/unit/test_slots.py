@@ -417,7 +417,7 @@ CRONTABS = [
 
 @PROPERTY
 @given(
-    spec=st.sampled_from(CRONTABS),
+    fields=st.sampled_from(CRONTABS),
     zone=st.sampled_from(["Europe/Berlin", "America/New_York"]),
     start=st.sampled_from([utc_us(2026, 3, 27), utc_us(2026, 10, 23), utc_us(2026, 10, 31)]),
     offset=st.integers(0, 2 * DAY_US),
@@ -425,9 +425,9 @@ CRONTABS = [
     pol=POLICIES,
 )
 def test_crontab_plan_matches_the_definition_across_changes(
-    spec: dict[str, Any], zone: str, start: int, offset: int, span: int, pol: MissedPolicy
+    fields: dict[str, Any], zone: str, start: int, offset: int, span: int, pol: MissedPolicy
 ) -> None:
-    seq = sequence_for(crontab(**spec), 0, ZoneInfo(zone))
+    seq = sequence_for(crontab(**fields), 0, ZoneInfo(zone))
     first = seq.next_after(start + offset)
     assert first is not None
     now = first + span

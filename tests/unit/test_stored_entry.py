@@ -19,8 +19,9 @@ import pytest
 from celery.schedules import crontab, schedule, solar
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_dst import CHANGES, SINGLE_RUNS, Change, expected_runs, schedule_specs
+from test_dst import CHANGES, SINGLE_RUNS, Change, crontab_fields, expected_runs
 
+from celery_singlebeat.config import BUILTIN_MISSED_POLICY
 from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.exceptions import InvalidEntry, ScheduleError
 from celery_singlebeat.schedules import (
@@ -38,14 +39,13 @@ from celery_singlebeat.schedules import (
     stored_entry,
     with_changes,
 )
-from celery_singlebeat.schedules.definition import (
-    BUILTIN_POLICY,
+from celery_singlebeat.schedules.checks import (
     MAX_ARGUMENTS_BYTES,
     MAX_HEADERS_BYTES,
     compact_json,
 )
+from celery_singlebeat.schedules.columns import WRITTEN_FIELDS
 from celery_singlebeat.schedules.runs import definition_of_row
-from celery_singlebeat.schedules.spec import WRITTEN_FIELDS
 from celery_singlebeat.sources import check_definition
 from celery_singlebeat.store.values import EDITABLE, ScheduleRow
 from celery_singlebeat.timeline.clock import US, datetime_to_us, us_to_datetime
@@ -327,7 +327,10 @@ def test_instants_are_kept_in_utc() -> None:
     ("missed", "policy"),
     [
         (None, None),
-        ("skip", MissedPolicy("skip", BUILTIN_POLICY.grace_us, BUILTIN_POLICY.max_missed)),
+        (
+            "skip",
+            MissedPolicy("skip", BUILTIN_MISSED_POLICY.grace_us, BUILTIN_MISSED_POLICY.max_missed),
+        ),
         ({"policy": "all", "grace": 30, "max": 3}, MissedPolicy("all", 30 * US, 3)),
         ({"grace": timedelta(minutes=1)}, MissedPolicy("coalesce", 60 * US, 100)),
         (
@@ -761,12 +764,12 @@ NEW_YORK_CHANGES = [c for c in CHANGES if c.zone == "America/New_York"]
 
 
 @pytest.mark.parametrize("change", PARIS_CHANGES + NEW_YORK_CHANGES, ids=lambda c: c.id)
-@pytest.mark.parametrize("name", sorted(schedule_specs()))
+@pytest.mark.parametrize("name", sorted(crontab_fields()))
 def test_a_stored_crontab_across_a_daylight_saving_change(change: Change, name: str) -> None:
     """The instants of a stored crontab in its own zone are those the documented
     rules give for a static crontab (``test_dst.expected_runs``), through the
     engine's definition and through next_runs."""
-    fields = schedule_specs()[name]
+    fields = crontab_fields()[name]
     static = crontab(**fields)
     texts = " ".join(
         str(fields.get(f, "*"))

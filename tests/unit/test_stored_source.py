@@ -29,7 +29,7 @@ from test_scheduler import TASK, Harness, every, harness_for  # noqa: F401 - fix
 from celery_singlebeat import InvalidEntry, Schedules, stored_entry
 from celery_singlebeat.engine import Environment
 from celery_singlebeat.engine.feed import READ_EVERY_S
-from celery_singlebeat.schedules.spec import entry_to_fields
+from celery_singlebeat.schedules.columns import entry_to_fields
 from celery_singlebeat.store.values import ScheduleWrite, SlotKey
 from celery_singlebeat.timeline.clock import US
 

@@ -1,26 +1,30 @@
-"""A schedule as a *spec*: JSON from which a reader without the application
-rebuilds the slot sequence the replicas compute.
+"""A schedule in its *catalog form*: JSON from which a reader without the
+application rebuilds the slot sequence the replicas compute.
 
-The replicas publish each entry's spec in their catalog (:mod:`.catalog`); the
-fleet (``singlebeat status``, the health probe, an admin page) reads it back to
-show an entry's next slot. Both directions live here, so the format is one
-fact in one module; it imports no store, so the store's fleet can read specs
-without a circle. The spec holds what the slot instants depend on and nothing
-else: never the arguments, which may carry secrets.
+A *spec* is a schedule's JSON form as a ``spec`` column keeps it: the catalog's
+rows keep this catalog form, the stored schedules' rows the data form of
+:mod:`celery_singlebeat.schedules.kinds` (what a person writes; this one is
+what the slot instants depend on, in microseconds). The replicas publish each
+entry's spec in their catalog (:mod:`celery_singlebeat.engine.catalog`); the
+operator's status (``singlebeat status``, the health probe, an admin page)
+reads it back to show an entry's next slot. Both directions live here, so the
+format is one fact in one module; it imports no store, so the store can read
+specs without a circle. The spec holds what the slot instants depend on and
+nothing else: never the arguments, which may carry secrets.
 
 Kinds of spec (``{"kind": ...}``):
 
 * ``interval``: ``every_us``; slots are the entry's anchor plus multiples of it;
 * ``crontab``: the five fields as written, and the time zone name;
 * ``solar``: event, latitude, longitude;
-* ``at``: ``at_us``, one run at that instant (:class:`.slot_bounds.At`);
+* ``at``: ``at_us``, one run at that instant (:class:`.bounds.At`);
 * ``other``: a custom schedule; its next slot is known only to the replicas.
 
 A schedule within bounds (a stored entry's start, end, number of runs and
-jitter: :class:`.slot_bounds.BoundedSchedule`) is its inner schedule's spec
+jitter: :class:`.bounds.BoundedSchedule`) is its inner schedule's spec
 plus ``bounds``: ``start_us``, ``end_us``, ``runs_from_us``, ``max_runs``,
 ``jitter_us``, ``jitter_key`` (those set). Without any bound it is exactly its
-inner schedule's spec, so the fleet treats it as that.
+inner schedule's spec, so the operator's status treats it as that.
 """
 
 from __future__ import annotations
