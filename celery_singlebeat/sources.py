@@ -3,7 +3,7 @@
 The engine decides *when* a slot is due and *who* sends it; a source says
 *what* runs. Celery's ``beat_schedule`` is the first source
 (:class:`~celery_singlebeat.beat.source.BeatScheduleSource`); stored schedules
-(:class:`~celery_singlebeat.schedules.source.StoredSource`) the second, and
+(``schedules.source.StoredSource``) the second, and
 django-celery-beat's models the next. A source hands the engine its full set
 of entries once, when the replica connects, and from then on the changes since
 a cursor it returns with each answer, as often as the engine asks (once a
@@ -12,7 +12,7 @@ whenever the definition does, and names the source it came from, so that every
 message about an entry can say where to fix it.
 
 How a source plugs in: the host builds the list of sources and hands it to the
-engine (:meth:`celery_singlebeat.engine.Engine.use_sources`); the Celery
+engine (``Engine.use_sources``); the Celery
 adapter hands ``beat_schedule``'s, those given to it by hand, then the stored
 schedules unless ``singlebeat_schedules`` is off. The engine never imports a
 source: what differs from one source to another is said by this interface

@@ -175,7 +175,7 @@ class Fleet:
     """``replicas`` beat replicas of ``app``, on a fake clock and a memory store.
 
     ``start`` sets the clock (default: the clock's own time, or
-    :data:`~celery_singlebeat.testing.clock.DEFAULT_START` for a new clock). Move
+    ``testing.clock.DEFAULT_START`` for a new clock). Move
     time with :meth:`run_until` (every replica ticks when it would wake, as
     ``celery beat`` does) or by hand with :meth:`advance` and :meth:`tick`.
     :attr:`sent` lists every run that reached the broker, in order.
@@ -287,7 +287,7 @@ class Fleet:
         self._spawn(number)
 
     def database_down(self) -> None:
-        """Make every statement fail (as :meth:`~celery_singlebeat.testing.MemoryStore.outage`)."""
+        """Make every statement fail (as ``MemoryStore.outage``)."""
         self.store.available = False
 
     def database_up(self) -> None:

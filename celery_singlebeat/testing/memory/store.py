@@ -87,7 +87,7 @@ class MemoryStore(MemoryConnection, Store):
     :class:`~celery_singlebeat.testing.FakeClock` to control time. Every
     decision is taken under one lock, so concurrent callers (threads, or
     several schedulers in one process) see the same atomicity a database
-    gives. Each operation counts as one round trip in :attr:`round_trips` and
+    gives. Each operation counts as one round trip in ``round_trips`` and
     feeds ``clock``, like the SQL store.
 
     ``clock`` replaces the :class:`~celery_singlebeat.timeline.clock.DatabaseClock`
@@ -97,8 +97,8 @@ class MemoryStore(MemoryConnection, Store):
     calls it (with 0 seconds); schedulers sharing one store each set it when
     they connect, so only the last one connected hears it.
 
-    :attr:`state` is what the "database" holds, every table under one lock
-    (:class:`~celery_singlebeat.testing.memory.state.MemoryState`): a test that
+    ``state`` is what the "database" holds, every table under one lock
+    (``testing.memory.state.MemoryState``): a test that
     changes a row by hand (expires a lease, loses a confirm) holds
     ``state.lock`` while it does.
     """
