@@ -140,7 +140,7 @@ from harness import (  # noqa: E402
 
 import celery_singlebeat  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
-from celery_singlebeat.store.executor import RECONNECT_WINDOW_S  # noqa: E402
+from celery_singlebeat.store.sql.executor import RECONNECT_WINDOW_S  # noqa: E402
 from celery_singlebeat.timeline.slots import slot_task_id  # noqa: E402
 
 US = 1_000_000

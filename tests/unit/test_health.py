@@ -29,7 +29,7 @@ from celery_singlebeat.config import Settings
 from celery_singlebeat.observe import health
 from celery_singlebeat.observe.health import Health, Status, liveness, readiness
 from celery_singlebeat.observe.telemetry import NOTHING, Fanout
-from celery_singlebeat.store import sql
+from celery_singlebeat.store.sql import store as sql
 from celery_singlebeat.timeline import membership
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_the_bounds_copy_what_the_scheduler_and_the_store_do(
         assert args["connect_timeout"] == health.CONNECT_TIMEOUT_S
     my = sql._engine_defaults(make_url("mysql+pymysql://h/db"))["connect_args"]
     assert my["read_timeout"] == health.ANSWER_TIMEOUT_S
-    from celery_singlebeat.store import psycopg_timeout
+    from celery_singlebeat.store.sql import psycopg_timeout
 
     assert psycopg_timeout.DEFAULT_READ_TIMEOUT_S == health.ANSWER_TIMEOUT_S
     for lease in (1.2, 3, 15, 60):

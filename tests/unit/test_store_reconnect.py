@@ -16,8 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from celery_singlebeat.exceptions import SchemaError, StoreUnavailable
-from celery_singlebeat.store import executor
-from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql import SqlStore, executor
 
 
 class _Gone(Exception):

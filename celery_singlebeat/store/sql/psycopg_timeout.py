@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from ..timeline.timing import ANSWER_TIMEOUT_S
+from ...timeline.timing import ANSWER_TIMEOUT_S
 
 #: the seconds a statement waits for its answer, as PyMySQL's ``read_timeout``
 DEFAULT_READ_TIMEOUT_S = ANSWER_TIMEOUT_S

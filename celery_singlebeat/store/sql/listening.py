@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .fleet_store import ControlListener
+from ..fleet_store import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
 

@@ -25,15 +25,14 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..exceptions import StoreUnavailable
-from ..redact import Secrets
-from ..timeline.clock import DatabaseClock
-from ..timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
-from .executor import SqlExecutor
-from .schedule_edits import Edit, check_batch, plan
-from .schedule_statements import ScheduleDialect, schedule_dialect_for
-from .schema import Tables
-from .values import (
+from ...exceptions import StoreUnavailable
+from ...redact import Secrets
+from ...timeline.clock import DatabaseClock
+from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
+from ..schedule_edits import Edit, check_batch, plan
+from ..schedule_statements import ScheduleDialect, schedule_dialect_for
+from ..schema import Tables
+from ..values import (
     SCHEDULE_FLOOR_KEY,
     SCHEDULE_REVISION_KEY,
     ScheduleFeed,
@@ -42,6 +41,7 @@ from .values import (
     ScheduleWrite,
     controls_channel,
 )
+from .executor import SqlExecutor
 
 __all__ = ["ScheduleHost", "SqlSchedules"]
 

@@ -38,8 +38,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.elements import TextClause
 
-from ..exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
-from ..redact import Secrets
+from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
+from ...redact import Secrets
 
 logger = logging.getLogger("celery_singlebeat.store")
 

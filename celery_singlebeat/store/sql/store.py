@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, Engine
 
-from ..exceptions import SchemaError, StoreUnavailable
-from ..redact import Secrets
-from ..timeline.clock import DatabaseClock
-from ..timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
-from ..timeline.timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
-from .base import (
+from ...exceptions import SchemaError, StoreUnavailable
+from ...redact import Secrets
+from ...timeline.clock import DatabaseClock
+from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
+from ...timeline.timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
+from ..base import (
     CONTROLS_KEY,
     EARLY_TOLERANCE_US,
     STALE_DEFINITION_US,
@@ -53,16 +53,16 @@ from .base import (
     Written,
     controls_channel,
 )
+from ..fleet_statements import FleetDialect, fleet_dialect_for
+from ..lease_statements import LeaseDialect, lease_dialect_for
+from ..schema import SCHEMA_VERSION, Tables
+from ..statements import Dialect, dialect_for
 from .executor import MAX_ATTEMPTS, SqlExecutor
-from .fleet_statements import FleetDialect, fleet_dialect_for
-from .lease_statements import LeaseDialect, lease_dialect_for
-from .schedules_sql import SqlSchedules
-from .schema import SCHEMA_VERSION, Tables
-from .statements import Dialect, dialect_for
+from .schedules import SqlSchedules
 
 if TYPE_CHECKING:
-    from ..config import Settings
-    from .fleet_store import ControlListener
+    from ...config import Settings
+    from ..fleet_store import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
 

@@ -1,0 +1,9 @@
+"""The SQL implementation of the store: PostgreSQL, MySQL/MariaDB and SQLite.
+
+:class:`~.store.SqlStore` serves every contract of :mod:`celery_singlebeat.store`;
+the names users and tests import from here are re-exported.
+"""
+
+from .store import FleetPruned, SqlStore
+
+__all__ = ["FleetPruned", "SqlStore"]
