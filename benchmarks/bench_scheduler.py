@@ -144,7 +144,7 @@ def machine() -> dict[str, Any]:
 def _drop_tables(url: str, prefix: str) -> None:
     from sqlalchemy import create_engine
 
-    from celery_singlebeat.store.schema import Tables
+    from celery_singlebeat.store.sql.schema import Tables
 
     engine = create_engine(url)
     try:

@@ -310,7 +310,7 @@ class Ours(Side):
         return {"BENCH_DB_URL": self.url, "BENCH_PREFIX": self.prefix}
 
     def close(self) -> None:
-        from celery_singlebeat.store.schema import Tables
+        from celery_singlebeat.store.sql.schema import Tables
 
         store_engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         self.schedules.close()

@@ -158,7 +158,7 @@ def behind_pooler(url: str | URL) -> bool:
 
 def drop_tables(url: str | URL, table_prefix: str) -> None:
     """Drop a test's tables (``table_prefix``) through an engine of its own."""
-    from celery_singlebeat.store.schema import Tables
+    from celery_singlebeat.store.sql.schema import Tables
 
     engine = direct_engine(url)
     try:

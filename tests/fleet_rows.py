@@ -10,8 +10,8 @@ from typing import Any
 from conftest import direct_engine
 from sqlalchemy.engine import make_url
 
-from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql.schema import Tables
 from celery_singlebeat.timeline.clock import US
 
 

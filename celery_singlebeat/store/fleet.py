@@ -34,9 +34,8 @@ from ..exceptions import ControlError
 from ..timeline.membership import replica_live
 from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from .fleet_statements import FleetDialect, status_entries
-from .schema import MAX_ENTRY_NAME
 from .sql import FleetPruned, SqlStore
-from .widths import MAX_AUTHOR, MAX_REASON
+from .widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
 
 if TYPE_CHECKING:
     from ..timeline.slots import SlotSequence

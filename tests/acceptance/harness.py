@@ -44,7 +44,7 @@ from conftest import IN_CI, direct_engine
 from sqlalchemy.engine import Engine
 
 from celery_singlebeat.engine.sharing import first_replicas
-from celery_singlebeat.store.schema import Tables
+from celery_singlebeat.store.sql.schema import Tables
 from celery_singlebeat.store.statements import dialect_for
 from celery_singlebeat.timeline.slots import slot_task_id
 

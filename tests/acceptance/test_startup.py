@@ -42,7 +42,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat import SingleBeatScheduler, create_schema
-from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
+from celery_singlebeat.store.sql.schema import SCHEMA_VERSION, Tables
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

@@ -17,8 +17,8 @@ from test_store_contract import LONG_LEASE, Backend, backend  # noqa: F401
 
 from celery_singlebeat.exceptions import ConnectionReplaced, StoreUnavailable
 from celery_singlebeat.store.base import Claim, Run, RunRecord, RunStatus, SlotKey, Store
-from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql.schema import Tables
 from celery_singlebeat.testing import MemoryStore
 
 

@@ -38,8 +38,8 @@ from celery_singlebeat.store.base import (
     Written,
 )
 from celery_singlebeat.store.schedule_edits import digest
-from celery_singlebeat.store.schema import Tables
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql.schema import Tables
 
 SECRET = "hunter2-token"
 

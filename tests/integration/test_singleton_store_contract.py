@@ -29,7 +29,7 @@ from test_store_contract import (  # noqa: F401
 
 from celery_singlebeat.exceptions import SchemaError
 from celery_singlebeat.store.base import Busy, Lease, Run, RunBegin, RunStatus, SlotKey, Store
-from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
+from celery_singlebeat.store.sql.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.timeline.clock import US
 
 #: statements each operation costs: one decision, one round trip, except where

@@ -26,8 +26,8 @@ from sqlalchemy.engine import make_url
 
 from celery_singlebeat.exceptions import SchemaError
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US, Claim, ReplicaInfo, SlotKey, Store
-from celery_singlebeat.store.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.testing import MemoryStore
 from celery_singlebeat.timeline.clock import US
 from celery_singlebeat.timeline.membership import live_within_us

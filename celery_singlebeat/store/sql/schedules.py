@@ -31,7 +31,6 @@ from ...timeline.clock import DatabaseClock
 from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..schedule_edits import Edit, check_batch, plan
 from ..schedule_statements import ScheduleDialect, schedule_dialect_for
-from ..schema import Tables
 from ..values import (
     SCHEDULE_FLOOR_KEY,
     SCHEDULE_REVISION_KEY,
@@ -42,6 +41,7 @@ from ..values import (
     controls_channel,
 )
 from .executor import SqlExecutor
+from .schema import Tables
 
 __all__ = ["ScheduleHost", "SqlSchedules"]
 

@@ -55,10 +55,10 @@ from ..base import (
 )
 from ..fleet_statements import FleetDialect, fleet_dialect_for
 from ..lease_statements import LeaseDialect, lease_dialect_for
-from ..schema import SCHEMA_VERSION, Tables
 from ..statements import Dialect, dialect_for
 from .executor import MAX_ATTEMPTS, SqlExecutor
 from .schedules import SqlSchedules
+from .schema import SCHEMA_VERSION, Tables
 
 if TYPE_CHECKING:
     from ...config import Settings

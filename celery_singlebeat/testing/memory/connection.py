@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
 from ...store.base import StoreConnection
-from ...store.schema import SCHEMA_VERSION
+from ...store.sql.schema import SCHEMA_VERSION
 from ...timeline.clock import DatabaseClock
 from ..clock import wall_us
 from .state import MemoryState
