@@ -33,8 +33,8 @@ from sqlalchemy.sql.elements import TextClause
 from ..exceptions import ControlError
 from ..timeline.membership import replica_live
 from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
-from .fleet_statements import FleetDialect, status_entries
 from .sql import FleetPruned, SqlStore
+from .sql.operator_statements import FleetDialect, status_entries
 from .widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
 
 if TYPE_CHECKING:

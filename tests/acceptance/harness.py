@@ -45,7 +45,7 @@ from sqlalchemy.engine import Engine
 
 from celery_singlebeat.engine.sharing import first_replicas
 from celery_singlebeat.store.sql.schema import Tables
-from celery_singlebeat.store.statements import dialect_for
+from celery_singlebeat.store.sql.slot_statements import dialect_for
 from celery_singlebeat.timeline.slots import slot_task_id
 
 HERE = Path(__file__).resolve().parent

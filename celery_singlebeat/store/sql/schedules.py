@@ -30,7 +30,6 @@ from ...redact import Secrets
 from ...timeline.clock import DatabaseClock
 from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..schedule_edits import Edit, check_batch, plan
-from ..schedule_statements import ScheduleDialect, schedule_dialect_for
 from ..values import (
     SCHEDULE_FLOOR_KEY,
     SCHEDULE_REVISION_KEY,
@@ -41,6 +40,7 @@ from ..values import (
     controls_channel,
 )
 from .executor import SqlExecutor
+from .schedule_statements import ScheduleDialect, schedule_dialect_for
 from .schema import Tables
 
 __all__ = ["ScheduleHost", "SqlSchedules"]

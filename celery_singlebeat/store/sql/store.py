@@ -53,12 +53,12 @@ from ..base import (
     Written,
     controls_channel,
 )
-from ..fleet_statements import FleetDialect, fleet_dialect_for
-from ..lease_statements import LeaseDialect, lease_dialect_for
-from ..statements import Dialect, dialect_for
 from .executor import MAX_ATTEMPTS, SqlExecutor
+from .lease_statements import LeaseDialect, lease_dialect_for
+from .operator_statements import FleetDialect, fleet_dialect_for
 from .schedules import SqlSchedules
 from .schema import SCHEMA_VERSION, Tables
+from .slot_statements import Dialect, dialect_for
 
 if TYPE_CHECKING:
     from ...config import Settings

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
-from .values import SCHEDULE_FLOOR_KEY, SCHEDULE_REVISION_KEY, ScheduleRow
+from ..values import SCHEDULE_FLOOR_KEY, SCHEDULE_REVISION_KEY, ScheduleRow
+from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
 
 #: the schedules table's columns, in ScheduleRow's order
 COLUMNS: tuple[str, ...] = ScheduleRow._fields

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
+from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
 
 #: a replica row ``r`` is live at the operation's instant (membership.py)
 _LIVE = live_replica(":now_us")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .statements import _LITE_NOW, _MY_NOW, _PG_NOW
+from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW
 
 
 @dataclass(frozen=True)
