@@ -230,8 +230,8 @@ def _refresh_replicas(url: str, prefix: str) -> None:
 def time_status_in_process(url: str, prefix: str, entries: int) -> list[float]:
     from sqlalchemy.engine import make_url
 
-    from celery_singlebeat.store.fleet import Fleet
     from celery_singlebeat.store.sql import SqlStore
+    from celery_singlebeat.store.sql.operator import Fleet
 
     store = SqlStore(make_url(url), table_prefix=prefix)
     fleet = Fleet(store)

@@ -22,8 +22,8 @@ from .group import _app_of, target_of
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..store.fleet import Fleet
     from ..store.sql import SqlStore
+    from ..store.sql.operator import Fleet
 
 
 def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
@@ -55,7 +55,7 @@ def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
 def fleet_of(ctx: click.Context, **overrides: Any) -> Iterator[Fleet]:
     """The fleet of the command's database, closed afterwards. Every error in
     the block becomes one line naming the database (its secrets masked)."""
-    from ..store.fleet import Fleet
+    from ..store.sql.operator import Fleet
 
     with store_of(ctx, **overrides) as (store, _settings):
         yield Fleet(store)

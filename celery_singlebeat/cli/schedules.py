@@ -291,7 +291,7 @@ def _show_static(
     ctx: click.Context, schedules: Schedules, name: str, count: int, as_json: bool
 ) -> None:
     from ..exceptions import ScheduleNotFound
-    from ..store.fleet import Fleet
+    from ..store.sql.operator import Fleet
     from ..timeline.clock import us_to_datetime
 
     app = _app_of(ctx)

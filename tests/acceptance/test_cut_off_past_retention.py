@@ -21,7 +21,7 @@ from harness import US, Rig, wait_connected, wait_for
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.exceptions import ControlError
-from celery_singlebeat.store.fleet import Fleet
+from celery_singlebeat.store.sql.operator import Fleet
 
 RARE = "rare-0"
 #: the retention the others prune with: shorter than the cut below

@@ -32,7 +32,7 @@ from harness import US, Rig, wait_connected, wait_for
 
 from celery_singlebeat import Schedules
 from celery_singlebeat.exceptions import InvalidEntry
-from celery_singlebeat.store.fleet import Fleet
+from celery_singlebeat.store.sql.operator import Fleet
 
 #: replicas are given up to this long to follow a commit (the promise: 1 s)
 EFFECT_US = 1 * US

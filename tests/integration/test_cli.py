@@ -24,7 +24,7 @@ from fleet_rows import FleetRows, cron, every
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.cli import singlebeat
-from celery_singlebeat.store.fleet import Fleet
+from celery_singlebeat.store.sql.operator import Fleet
 from celery_singlebeat.timeline.clock import US, datetime_to_us
 
 A, B, C = "pod-a:11:aa", "pod-b:12:bb", "pod-c:13:cc"

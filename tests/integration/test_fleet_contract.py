@@ -28,8 +28,8 @@ from celery_singlebeat.store.base import (
     Store,
     controls_channel,
 )
-from celery_singlebeat.store.fleet import Fleet
 from celery_singlebeat.store.sql import SqlStore
+from celery_singlebeat.store.sql.operator import Fleet
 from celery_singlebeat.store.sql.schema import Tables
 from celery_singlebeat.testing import MemoryStore
 from celery_singlebeat.timeline.clock import US

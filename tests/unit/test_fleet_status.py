@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.store.base import PAUSE_ALL, Pause
-from celery_singlebeat.store.fleet import DUE_SLACK_US, _entry_statuses
+from celery_singlebeat.store.sql.operator import DUE_SLACK_US, _entry_statuses
 from celery_singlebeat.timeline.clock import US
 from celery_singlebeat.timeline.slots import IntervalSequence, sequence_for
 

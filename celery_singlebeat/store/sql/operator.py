@@ -30,15 +30,15 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from ..exceptions import ControlError
-from ..timeline.membership import replica_live
-from .base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
-from .sql import FleetPruned, SqlStore
-from .sql.operator_statements import FleetDialect, status_entries
-from .widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
+from ...exceptions import ControlError
+from ...timeline.membership import replica_live
+from ..base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
+from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
+from .operator_statements import FleetDialect, status_entries
+from .store import FleetPruned, SqlStore
 
 if TYPE_CHECKING:
-    from ..timeline.slots import SlotSequence
+    from ...timeline.slots import SlotSequence
 
 T = TypeVar("T")
 
@@ -391,7 +391,7 @@ class Fleet:
         (``singlebeat_retention``), claimed ones until sent. A row keeps only its
         last owner; a fence above 1 says it changed hands before. Reads only.
         """
-        from ..timeline.slots import slot_task_id
+        from ...timeline.slots import slot_task_id
 
         if limit < 1:
             raise ValueError(f"limit {limit}: expected at least 1")
@@ -570,7 +570,7 @@ class Fleet:
         _check_texts(by, reason)
 
         def work(conn: Connection, now: int) -> RunNowResult:
-            from ..timeline.slots import slot_task_id
+            from ...timeline.slots import slot_task_id
 
             self._check_known(conn, now, [name])
             rows = self._pause_rows(conn, [name])
@@ -755,8 +755,8 @@ def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> li
     its answers are kept per (spec, instant): crontab entries of one spec
     last ran at the same instants.
     """
-    from ..timeline.catalog_form import sequence_of
-    from ..timeline.slots import IntervalSequence
+    from ...timeline.catalog_form import sequence_of
+    from ...timeline.slots import IntervalSequence
 
     paused = {p.entry: p for p in pauses}
     pause_all = paused.get(PAUSE_ALL)
