@@ -14,9 +14,9 @@ key busy; MySQL/MariaDB, which lack RETURNING, write then read the row back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW
+from .dialect import LITE_NOW, MY_NOW, PG_NOW, family_of, render
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,9 @@ class LeaseDialect:
     #: finish_run/abandon_run + release in one statement ("": two calls)
     end_slot: str = ""
 
-    def render(self, prefix: str, now: str) -> LeaseDialect:
-        names = {"l": f"{prefix}locks", "r": f"{prefix}runs", "m": f"{prefix}meta"}
-        values: dict[str, object] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if isinstance(value, str):
-                value = value.replace("{now}", now).format(**names)
-            values[item.name] = value
-        return LeaseDialect(**values)  # type: ignore[arg-type]
+
+#: the tables the placeholders of these statements name
+TABLES = {"l": "locks", "r": "runs", "m": "meta"}
 
 
 # A running row whose expiry passed may be retaken (its worker died).
@@ -301,14 +295,13 @@ SQLITE = LeaseDialect(
 )
 
 _FAMILIES = {
-    "postgresql": (POSTGRESQL, _PG_NOW),
-    "mysql": (MYSQL, _MY_NOW),
-    "mariadb": (MYSQL, _MY_NOW),
-    "sqlite": (SQLITE, _LITE_NOW),
+    "postgresql": (POSTGRESQL, PG_NOW),
+    "mysql": (MYSQL, MY_NOW),
+    "sqlite": (SQLITE, LITE_NOW),
 }
 
 
 def lease_dialect_for(backend: str, prefix: str) -> LeaseDialect:
     """The statements for an SQLAlchemy backend name, with table names filled in."""
-    family, now = _FAMILIES[backend]
-    return family.render(prefix, now)
+    family, now = _FAMILIES[family_of(backend)]
+    return render(family, prefix, TABLES, now=now)

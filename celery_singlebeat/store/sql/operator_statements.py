@@ -15,9 +15,9 @@ scheduler's statements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
+from .dialect import LITE_NOW, MY_NOW, PG_NOW, family_of, live_replica, render
 
 #: a replica row ``r`` is live at the operation's instant (membership.py)
 _LIVE = live_replica(":now_us")
@@ -279,30 +279,21 @@ class FleetDialect:
     prune_catalog: str
     prune_requests: str
 
-    def render(self, prefix: str) -> FleetDialect:
-        names = {
-            key: f"{prefix}{table}"
-            for key, table in (
-                ("e", "entries"),
-                ("s", "slots"),
-                ("m", "meta"),
-                ("r", "replicas"),
-                ("c", "catalog"),
-                ("h", "catalogs"),
-                ("p", "pauses"),
-                ("q", "requests"),
-                ("d", "schedules"),
-                ("l", "locks"),
-                ("u", "runs"),
-            )
-        }
-        values = {
-            item.name: getattr(self, item.name)
-            if item.name == "now"
-            else getattr(self, item.name).format(**names)
-            for item in fields(self)
-        }
-        return FleetDialect(**values)
+
+#: the tables the placeholders of these statements name
+TABLES = {
+    "e": "entries",
+    "s": "slots",
+    "m": "meta",
+    "r": "replicas",
+    "c": "catalog",
+    "h": "catalogs",
+    "p": "pauses",
+    "q": "requests",
+    "d": "schedules",
+    "l": "locks",
+    "u": "runs",
+}
 
 
 _COMMON = {
@@ -332,7 +323,7 @@ _COMMON = {
 _PG_NAMES = "jsonb_array_elements_text(CAST(:names AS jsonb)) AS n(name)"
 
 POSTGRESQL = FleetDialect(
-    now=f"SELECT {_PG_NOW}",
+    now=f"SELECT {PG_NOW}",
     begin="BEGIN",
     live_known=f"""
         SELECT DISTINCT c.entry FROM {{c}} c
@@ -362,7 +353,7 @@ _MY_NAMES = """JSON_TABLE(:names, '$[*]' COLUMNS (
                 name VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) n"""
 
 MYSQL = FleetDialect(
-    now=f"SELECT {_MY_NOW}",
+    now=f"SELECT {MY_NOW}",
     begin="START TRANSACTION",
     live_known=f"""
         SELECT DISTINCT c.entry FROM {{c}} c
@@ -394,7 +385,7 @@ MYSQL = FleetDialect(
 )
 
 SQLITE = FleetDialect(
-    now=f"SELECT {_LITE_NOW}",
+    now=f"SELECT {LITE_NOW}",
     begin="BEGIN IMMEDIATE",
     live_known=f"""
         SELECT DISTINCT c.entry FROM {{c}} c
@@ -424,5 +415,5 @@ SQLITE = FleetDialect(
 
 def fleet_dialect_for(backend: str, prefix: str) -> FleetDialect:
     """The fleet statements for an SQLAlchemy backend name, with table names filled in."""
-    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "mariadb": MYSQL, "sqlite": SQLITE}
-    return family[backend].render(prefix)
+    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "sqlite": SQLITE}[family_of(backend)]
+    return render(family, prefix, TABLES, keep=("now",))

@@ -13,10 +13,10 @@ statement of a replica does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..values import SCHEDULE_FLOOR_KEY, SCHEDULE_REVISION_KEY, ScheduleRow
-from .slot_statements import _LITE_NOW, _MY_NOW, _PG_NOW, live_replica
+from .dialect import LITE_NOW, MY_NOW, PG_NOW, family_of, live_replica, render
 
 #: the schedules table's columns, in ScheduleRow's order
 COLUMNS: tuple[str, ...] = ScheduleRow._fields
@@ -76,17 +76,16 @@ class ScheduleDialect:
     #: lists (binds ``:beats`` and ``:slack_us``, the one rule of liveness)
     catalogued: str
 
-    def render(self, prefix: str) -> ScheduleDialect:
-        names = {
-            "t": f"{prefix}schedules",
-            "g": f"{prefix}schedule_log",
-            "m": f"{prefix}meta",
-            "s": f"{prefix}slots",
-            "k": f"{prefix}catalog",
-            "r": f"{prefix}replicas",
-        }
-        values = {item.name: getattr(self, item.name).format(**names) for item in fields(self)}
-        return ScheduleDialect(**values)
+
+#: the tables the placeholders of these statements name
+TABLES = {
+    "t": "schedules",
+    "g": "schedule_log",
+    "m": "meta",
+    "s": "slots",
+    "k": "catalog",
+    "r": "replicas",
+}
 
 
 _R = f"'{SCHEDULE_REVISION_KEY}'"
@@ -161,7 +160,7 @@ POSTGRESQL = ScheduleDialect(
     bump=f"""
         INSERT INTO {{m}} AS m (key, value_us) VALUES ({_R}, 1)
         ON CONFLICT (key) DO UPDATE SET value_us = m.value_us + 1
-        RETURNING {_PG_NOW}, m.value_us""",
+        RETURNING {PG_NOW}, m.value_us""",
     bump_read="",
     named=f"""
         SELECT {_COLS} FROM {{t}} t
@@ -177,8 +176,8 @@ POSTGRESQL = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET value_us = GREATEST(m.value_us, EXCLUDED.value_us)""",
-    catalogued=_catalogued(_PG_NOW, "SELECT jsonb_array_elements_text(CAST(:names AS jsonb))"),
-    **_common(_PG_NOW),
+    catalogued=_catalogued(PG_NOW, "SELECT jsonb_array_elements_text(CAST(:names AS jsonb))"),
+    **_common(PG_NOW),
 )
 
 MYSQL = ScheduleDialect(
@@ -188,7 +187,7 @@ MYSQL = ScheduleDialect(
     bump=f"""
         INSERT INTO {{m}} (`key`, value_us) VALUES ({_R}, LAST_INSERT_ID(1))
         ON DUPLICATE KEY UPDATE value_us = LAST_INSERT_ID(value_us + 1)""",
-    bump_read=f"SELECT {_MY_NOW}, LAST_INSERT_ID()",
+    bump_read=f"SELECT {MY_NOW}, LAST_INSERT_ID()",
     # a locking read reads the newest committed rows whatever the caller's
     # isolation level (a REPEATABLE READ snapshot could be older)
     named=f"""
@@ -207,11 +206,11 @@ MYSQL = ScheduleDialect(
         HAVING max(t.revision) IS NOT NULL
         ON DUPLICATE KEY UPDATE value_us = GREATEST({{m}}.value_us, VALUES(value_us))""",
     catalogued=_catalogued(
-        _MY_NOW,
+        MY_NOW,
         """SELECT n.name COLLATE utf8mb4_bin FROM JSON_TABLE(:names, '$[*]'
             COLUMNS (name VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) n""",
     ),
-    **_common(_MY_NOW, key="`key`"),
+    **_common(MY_NOW, key="`key`"),
 )
 
 SQLITE = ScheduleDialect(
@@ -219,7 +218,7 @@ SQLITE = ScheduleDialect(
     bump=f"""
         INSERT INTO {{m}} (key, value_us) VALUES ({_R}, 1)
         ON CONFLICT (key) DO UPDATE SET value_us = value_us + 1
-        RETURNING {_LITE_NOW}, value_us""",
+        RETURNING {LITE_NOW}, value_us""",
     bump_read="",
     # no row locks: BEGIN IMMEDIATE (or the caller's first write) holds the
     # database's write lock to the commit
@@ -235,12 +234,12 @@ SQLITE = ScheduleDialect(
         WHERE t.deleted = 1 AND t.updated_us < :cutoff
         HAVING max(t.revision) IS NOT NULL
         ON CONFLICT (key) DO UPDATE SET value_us = max(value_us, excluded.value_us)""",
-    catalogued=_catalogued(_LITE_NOW, "SELECT value FROM json_each(:names)"),
-    **_common(_LITE_NOW, greatest="max"),
+    catalogued=_catalogued(LITE_NOW, "SELECT value FROM json_each(:names)"),
+    **_common(LITE_NOW, greatest="max"),
 )
 
 
 def schedule_dialect_for(backend: str, prefix: str) -> ScheduleDialect:
     """The statements for an SQLAlchemy backend name, with table names filled in."""
-    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "mariadb": MYSQL, "sqlite": SQLITE}
-    return family[backend].render(prefix)
+    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "sqlite": SQLITE}[family_of(backend)]
+    return render(family, prefix, TABLES)

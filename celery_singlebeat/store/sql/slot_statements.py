@@ -13,6 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .dialect import (
+    CONTROLS,
+    LITE_NOW,
+    MY_CONTROLS,
+    MY_NOW,
+    PG_NOW,
+    family_of,
+    live_replica,
+    render,
+)
+
 
 @dataclass(frozen=True)
 class Dialect:
@@ -61,44 +72,21 @@ class Dialect:
     catalog_assign: str
     pauses: str
 
-    def render(self, prefix: str) -> Dialect:
-        names = {
-            "e": f"{prefix}entries",
-            "s": f"{prefix}slots",
-            "m": f"{prefix}meta",
-            "r": f"{prefix}replicas",
-            "k": f"{prefix}catalog",
-            "h": f"{prefix}catalogs",
-            "p": f"{prefix}pauses",
-            "d": f"{prefix}schedules",
-            "l": f"{prefix}schedule_log",
-        }
-        values = {
-            field: (
-                getattr(self, field).replace("{now}", self.now).format(**names)
-                if isinstance(getattr(self, field), str) and field not in ("name", "now")
-                else getattr(self, field)
-            )
-            for field in self.__dataclass_fields__
-        }
-        return Dialect(**values)
+
+#: the tables the placeholders of these statements name
+TABLES = {
+    "e": "entries",
+    "s": "slots",
+    "m": "meta",
+    "r": "replicas",
+    "k": "catalog",
+    "h": "catalogs",
+    "p": "pauses",
+    "d": "schedules",
+    "l": "schedule_log",
+}
 
 
-def live_replica(now: str, alias: str = "r") -> str:
-    """:func:`celery_singlebeat.timeline.membership.replica_live` in SQL: the replicas
-    table's row ``alias`` is live at ``now`` (an SQL expression of the
-    database's clock). Binds ``:beats`` and ``:slack_us``, which the store sets
-    to ``LIVE_HEARTBEATS`` and ``LIVE_SLACK_US``: every statement that judges
-    liveness (the heartbeat here, the fleet's in fleet_statements.py) uses it."""
-    return (
-        f"{alias}.stopped_us IS NULL"
-        f" AND {alias}.seen_us >= {now} - :beats * {alias}.heartbeat_us - :slack_us"
-    )
-
-
-_PG_NOW = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT))"
-#: the control version and whether every entry is paused, read once per statement
-_CONTROLS = "(SELECT value_us FROM {m} WHERE key = 'controls')"
 #: the stored schedules' highest revision (through its index), which the
 #: heartbeat brings back beside the control version: it counts as a feed read
 _SCHEDULES = "(SELECT max(revision) FROM {d})"
@@ -161,16 +149,16 @@ POSTGRESQL = Dialect(
     name="postgresql",
     now="n.us",
     returning=True,
-    ping=f"SELECT {_PG_NOW}",
+    ping=f"SELECT {PG_NOW}",
     register_insert=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
         INSERT INTO {{e}} (name, anchor_us, registered_by)
         SELECT c.name, n.us, :owner
         FROM jsonb_array_elements_text(CAST(:names AS jsonb)) AS c(name) CROSS JOIN n
         ORDER BY c.name
         ON CONFLICT (name) DO NOTHING""",
     register_select=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
         SELECT n.us, e.name, e.anchor_us,
                GREATEST(e.last_slot_us,
                         (SELECT max(s.slot_us) FROM {{s}} s WHERE s.entry = e.name))
@@ -179,7 +167,7 @@ POSTGRESQL = Dialect(
             ON c.name = e.name
         ) ON true""",
     claim=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us, {_CONTROLS} AS cv),
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us, {CONTROLS} AS cv),
         won AS (
             INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us, claimed_us)
             SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, n.us + :lease_us, n.us
@@ -199,7 +187,7 @@ POSTGRESQL = Dialect(
         )
         SELECT n.us, won.entry, won.slot_us, won.fence, n.cv FROM n LEFT JOIN won ON true""",
     take_over=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
         victims AS (
             SELECT s.entry, s.slot_us FROM {{s}} s
             WHERE s.state = 0 AND s.lease_until_us < (SELECT us FROM n)
@@ -220,7 +208,7 @@ POSTGRESQL = Dialect(
         )
         SELECT n.us, taken.entry, taken.slot_us, taken.fence FROM n LEFT JOIN taken ON true""",
     confirm=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
         done AS (
             UPDATE {{s}} s SET state = 1, sent_us = COALESCE(s.sent_us, n.us)
             FROM {_PG_SLOTS}, n
@@ -230,7 +218,7 @@ POSTGRESQL = Dialect(
         )
         SELECT n.us, done.entry, done.slot_us, done.fence FROM n LEFT JOIN done ON true""",
     reassert=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
         again AS (
             INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us,
                 claimed_us, sent_us)
@@ -245,34 +233,34 @@ POSTGRESQL = Dialect(
     select_batch="",
     release=f"""
         UPDATE {{s}} s SET lease_until_us = CASE WHEN :retry_us = 0 THEN 0
-            ELSE {_PG_NOW} + :retry_us END
+            ELSE {PG_NOW} + :retry_us END
         FROM {_PG_SLOTS}
         WHERE s.entry = c.entry AND s.slot_us = c.slot_us AND s.fence = c.fence
           AND s.owner = :owner AND s.state = 0""",
     prune_turn=f"""
-        UPDATE {{m}} SET value_us = {_PG_NOW} + :every_us
-        WHERE key = 'prune' AND value_us <= {_PG_NOW}""",
+        UPDATE {{m}} SET value_us = {PG_NOW} + :every_us
+        WHERE key = 'prune' AND value_us <= {PG_NOW}""",
     prune_mark=f"""
         UPDATE {{e}} e SET last_slot_us = GREATEST(e.last_slot_us, m.mx)
         FROM (SELECT entry, max(slot_us) AS mx FROM {{s}}
-              WHERE state = 1 AND slot_us < {_PG_NOW} - :retention_us
+              WHERE state = 1 AND slot_us < {PG_NOW} - :retention_us
               GROUP BY entry) m
         WHERE e.name = m.entry AND (e.last_slot_us IS NULL OR e.last_slot_us < m.mx)""",
     prune_delete=f"""
         DELETE FROM {{s}} s USING {{e}} e
         WHERE e.name = s.entry AND s.state = 1
-          AND s.slot_us < {_PG_NOW} - :retention_us AND s.slot_us <= e.last_slot_us""",
+          AND s.slot_us < {PG_NOW} - :retention_us AND s.slot_us <= e.last_slot_us""",
     meta_insert="""
         INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
         ON CONFLICT (key) DO NOTHING""",
     recent_owners=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
         SELECT n.us, o.owner FROM n LEFT JOIN (
             SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
         ) o ON true""",
     # the write happens whatever the SELECT reads (a data-modifying CTE always runs)
     heartbeat=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us),
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
         up AS (
             INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
                 offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
@@ -287,16 +275,16 @@ POSTGRESQL = Dialect(
                 stopped_us = NULL
             RETURNING 1
         )
-        SELECT n.us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+        SELECT n.us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
                {_SCHEDULES}, {_FLOOR}
         FROM n LEFT JOIN (
             SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
         ) o ON true""",
     heartbeat_read="",
     heartbeat_returning="",
-    stopped=f"UPDATE {{r}} SET stopped_us = {_PG_NOW} WHERE id = :id",
+    stopped=f"UPDATE {{r}} SET stopped_us = {PG_NOW} WHERE id = :id",
     catalog_header=f"""
-        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_PG_NOW})
+        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {PG_NOW})
         ON CONFLICT (id) DO UPDATE SET published_us = EXCLUDED.published_us""",
     catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
     catalog_insert="""
@@ -306,13 +294,11 @@ POSTGRESQL = Dialect(
         ON CONFLICT (entry, catalog) DO NOTHING""",
     catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
     pauses=f"""
-        WITH n AS MATERIALIZED (SELECT {_PG_NOW} AS us)
-        SELECT n.us, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_CONTROLS}
+        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
+        SELECT n.us, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {CONTROLS}
         FROM n LEFT JOIN {{p}} p ON p.until_us IS NULL OR p.until_us > n.us""",
 )
 
-_MY_NOW = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))"
-_MY_CONTROLS = "(SELECT value_us FROM {m} WHERE `key` = 'controls')"
 _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
                 entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
                 slot_us BIGINT PATH '$[1]',
@@ -322,7 +308,7 @@ _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
 _MY_HEARTBEAT = f"""
         INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
             offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {_MY_NOW}, :loop_us, :offset_us,
+        VALUES (:id, :host, :pid, :version, :started_us, {MY_NOW}, :loop_us, :offset_us,
             :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
         ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
             lost_writes = VALUES(lost_writes),
@@ -333,18 +319,18 @@ _MY_HEARTBEAT = f"""
 
 MYSQL = Dialect(
     name="mysql",
-    now=_MY_NOW,
+    now=MY_NOW,
     returning=False,
-    ping=f"SELECT {_MY_NOW}",
+    ping=f"SELECT {MY_NOW}",
     register_insert=f"""
         INSERT INTO {{e}} (name, anchor_us, registered_by)
-        SELECT c.name, {_MY_NOW}, :owner
+        SELECT c.name, {MY_NOW}, :owner
         FROM JSON_TABLE(:names, '$[*]' COLUMNS (
             name VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) c
         ORDER BY c.name
         ON DUPLICATE KEY UPDATE name = {{e}}.name""",
     register_select=f"""
-        SELECT {_MY_NOW}, e.name, e.anchor_us,
+        SELECT {MY_NOW}, e.name, e.anchor_us,
                GREATEST(COALESCE(e.last_slot_us, -1),
                         COALESCE((SELECT max(s.slot_us) FROM {{s}} s WHERE s.entry = e.name), -1))
         FROM (SELECT 1 AS one) d LEFT JOIN (
@@ -354,7 +340,7 @@ MYSQL = Dialect(
         ) ON true""",
     claim=f"""
         INSERT INTO {{s}} (entry, slot_us, state, owner, fence, lease_until_us, claimed_us, batch)
-        SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, {_MY_NOW} + :lease_us, {_MY_NOW}, :batch
+        SELECT DISTINCT c.entry, c.slot_us, 0, :owner, 1, {MY_NOW} + :lease_us, {MY_NOW}, :batch
         FROM JSON_TABLE(:slots, '$[*]' COLUMNS (
                 entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
                 slot_us BIGINT PATH '$[1]',
@@ -362,14 +348,14 @@ MYSQL = Dialect(
                 written_us BIGINT PATH '$[3]')) c
         JOIN {{e}} e ON e.name = c.entry COLLATE utf8mb4_bin
         WHERE c.slot_us > COALESCE(e.last_slot_us, -1)
-          AND c.slot_us <= {_MY_NOW} + :early_us
-          AND NOT {_paused("c.entry COLLATE utf8mb4_bin", _MY_NOW)}
+          AND c.slot_us <= {MY_NOW} + :early_us
+          AND NOT {_paused("c.entry COLLATE utf8mb4_bin", MY_NOW)}
           AND NOT {
         _stale(
             "c.entry COLLATE utf8mb4_bin",
             "c.revision",
             "c.written_us",
-            f"GREATEST({_MY_NOW}, c.slot_us)",
+            f"GREATEST({MY_NOW}, c.slot_us)",
         )
     }
         ORDER BY c.entry, c.slot_us
@@ -382,9 +368,9 @@ MYSQL = Dialect(
             claimed_us = IF(batch <=> VALUES(batch), VALUES(claimed_us), claimed_us)""",
     take_over=f"""
         UPDATE {{s}} SET batch = :batch, owner = :owner, fence = fence + 1,
-            lease_until_us = {_MY_NOW} + :lease_us, claimed_us = {_MY_NOW}
-        WHERE state = 0 AND lease_until_us < {_MY_NOW}
-          AND NOT {_paused("{s}.entry", _MY_NOW)}
+            lease_until_us = {MY_NOW} + :lease_us, claimed_us = {MY_NOW}
+        WHERE state = 0 AND lease_until_us < {MY_NOW}
+          AND NOT {_paused("{s}.entry", MY_NOW)}
           AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
                                     WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
                OR {_stored("{s}.entry")})
@@ -394,14 +380,14 @@ MYSQL = Dialect(
         UPDATE {{s}} s JOIN {_MY_SLOTS}
             ON s.entry = c.entry COLLATE utf8mb4_bin AND s.slot_us = c.slot_us
                AND s.fence = c.fence
-        SET s.state = 1, s.sent_us = COALESCE(s.sent_us, {_MY_NOW})
+        SET s.state = 1, s.sent_us = COALESCE(s.sent_us, {MY_NOW})
         WHERE s.owner = :owner""",
     # ON DUPLICATE KEY UPDATE assigns left to right, each seeing the ones before:
     # the batch is set first, on the condition, and the rest follow it
     reassert=f"""
         INSERT INTO {{s}} (entry, slot_us, state, owner, fence, lease_until_us, claimed_us,
             sent_us, batch)
-        SELECT c.entry, c.slot_us, 1, :owner, c.fence, 0, {_MY_NOW}, {_MY_NOW}, :batch
+        SELECT c.entry, c.slot_us, 1, :owner, c.fence, 0, {MY_NOW}, {MY_NOW}, :batch
         FROM {_MY_SLOTS}
         ON DUPLICATE KEY UPDATE
             batch = IF({{s}}.state = 0 AND {{s}}.owner = VALUES(owner)
@@ -410,53 +396,53 @@ MYSQL = Dialect(
                          COALESCE({{s}}.sent_us, VALUES(sent_us)), {{s}}.sent_us),
             state = IF({{s}}.batch <=> VALUES(batch), 1, {{s}}.state)""",
     select_batch=f"""
-        SELECT {_MY_NOW}, s.entry, s.slot_us, s.fence, s.state, {_MY_CONTROLS}
+        SELECT {MY_NOW}, s.entry, s.slot_us, s.fence, s.state, {MY_CONTROLS}
         FROM (SELECT 1 AS one) d LEFT JOIN {{s}} s ON s.batch = :batch AND s.owner = :owner""",
     release=f"""
         UPDATE {{s}} s JOIN {_MY_SLOTS}
             ON s.entry = c.entry COLLATE utf8mb4_bin AND s.slot_us = c.slot_us
                AND s.fence = c.fence
-        SET s.lease_until_us = IF(:retry_us = 0, 0, {_MY_NOW} + :retry_us)
+        SET s.lease_until_us = IF(:retry_us = 0, 0, {MY_NOW} + :retry_us)
         WHERE s.owner = :owner AND s.state = 0""",
     prune_turn=f"""
-        UPDATE {{m}} SET value_us = {_MY_NOW} + :every_us
-        WHERE `key` = 'prune' AND value_us <= {_MY_NOW}""",
+        UPDATE {{m}} SET value_us = {MY_NOW} + :every_us
+        WHERE `key` = 'prune' AND value_us <= {MY_NOW}""",
     prune_mark=f"""
         UPDATE {{e}} e JOIN (
             SELECT entry, max(slot_us) AS mx FROM {{s}}
-            WHERE state = 1 AND slot_us < {_MY_NOW} - :retention_us GROUP BY entry
+            WHERE state = 1 AND slot_us < {MY_NOW} - :retention_us GROUP BY entry
         ) m ON e.name = m.entry
         SET e.last_slot_us = GREATEST(COALESCE(e.last_slot_us, -1), m.mx)""",
     prune_delete=f"""
         DELETE s FROM {{s}} s JOIN {{e}} e ON e.name = s.entry
-        WHERE s.state = 1 AND s.slot_us < {_MY_NOW} - :retention_us
+        WHERE s.state = 1 AND s.slot_us < {MY_NOW} - :retention_us
           AND s.slot_us <= e.last_slot_us""",
     meta_insert="""
         INSERT INTO {m} (`key`, value_us) VALUES (:key, :value_us)
         ON DUPLICATE KEY UPDATE value_us = value_us""",
     recent_owners=f"""
-        SELECT {_MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
-            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_MY_NOW} - :window_us
+        SELECT {MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
+            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {MY_NOW} - :window_us
         ) o ON true""",
     # MySQL has no RETURNING, no writing CTE: the upsert, then the read
     heartbeat=_MY_HEARTBEAT,
     heartbeat_read=f"""
-        SELECT {_MY_NOW}, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+        SELECT {MY_NOW}, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
                {_SCHEDULES}, {_MY_FLOOR}
         FROM (SELECT 1 AS one) d LEFT JOIN (
-            SELECT lr.id FROM {{r}} lr WHERE {live_replica(_MY_NOW, "lr")}
+            SELECT lr.id FROM {{r}} lr WHERE {live_replica(MY_NOW, "lr")}
         ) o ON true""",
     # MariaDB refuses a subquery on the table an INSERT writes (error 1093)
     # unless a derived table materialises it; RETURNING is evaluated after the
     # upsert, so the live list includes this replica's fresh row
     heartbeat_returning=_MY_HEARTBEAT
     + f"""
-        RETURNING seen_us, {_MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+        RETURNING seen_us, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
             (SELECT live.ids FROM (SELECT JSON_ARRAYAGG(lr.id) AS ids FROM {{r}} lr
-             WHERE {live_replica(_MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
-    stopped=f"UPDATE {{r}} SET stopped_us = {_MY_NOW} WHERE id = :id",
+             WHERE {live_replica(MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
+    stopped=f"UPDATE {{r}} SET stopped_us = {MY_NOW} WHERE id = :id",
     catalog_header=f"""
-        INSERT INTO {{h}} (id, entries, published_us) VALUES (:catalog, :entries, {_MY_NOW})
+        INSERT INTO {{h}} (id, entries, published_us) VALUES (:catalog, :entries, {MY_NOW})
         ON DUPLICATE KEY UPDATE published_us = VALUES(published_us)""",
     catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
     catalog_insert="""
@@ -469,24 +455,22 @@ MYSQL = Dialect(
             spec LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) c""",
     catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
     pauses=f"""
-        SELECT {_MY_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_MY_CONTROLS}
+        SELECT {MY_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {MY_CONTROLS}
         FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
-            ON p.until_us IS NULL OR p.until_us > {_MY_NOW}""",
+            ON p.until_us IS NULL OR p.until_us > {MY_NOW}""",
 )
-
-_LITE_NOW = "(CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))"
 
 SQLITE = Dialect(
     name="sqlite",
-    now=_LITE_NOW,
+    now=LITE_NOW,
     returning=True,
-    ping=f"SELECT {_LITE_NOW}",
+    ping=f"SELECT {LITE_NOW}",
     register_insert=f"""
         INSERT INTO {{e}} (name, anchor_us, registered_by)
-        SELECT c.value, {_LITE_NOW}, :owner FROM json_each(:names) c WHERE true
+        SELECT c.value, {LITE_NOW}, :owner FROM json_each(:names) c WHERE true
         ON CONFLICT (name) DO NOTHING""",
     register_select=f"""
-        SELECT {_LITE_NOW}, e.name, e.anchor_us,
+        SELECT {LITE_NOW}, e.name, e.anchor_us,
                max(COALESCE(e.last_slot_us, -1),
                    COALESCE((SELECT max(s.slot_us) FROM {{s}} s WHERE s.entry = e.name), -1))
         FROM (SELECT 1 AS one) d LEFT JOIN (
@@ -496,18 +480,18 @@ SQLITE = Dialect(
         INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us, claimed_us)
         SELECT DISTINCT json_extract(c.value, '$[0]') AS entry,
                json_extract(c.value, '$[1]') AS slot_us,
-               0, :owner, 1, {_LITE_NOW} + :lease_us, {_LITE_NOW}
+               0, :owner, 1, {LITE_NOW} + :lease_us, {LITE_NOW}
         FROM json_each(:slots) c
         JOIN {{e}} e ON e.name = json_extract(c.value, '$[0]')
         WHERE json_extract(c.value, '$[1]') > COALESCE(e.last_slot_us, -1)
-          AND json_extract(c.value, '$[1]') <= {_LITE_NOW} + :early_us
-          AND NOT {_paused("json_extract(c.value, '$[0]')", _LITE_NOW)}
+          AND json_extract(c.value, '$[1]') <= {LITE_NOW} + :early_us
+          AND NOT {_paused("json_extract(c.value, '$[0]')", LITE_NOW)}
           AND NOT {
         _stale(
             "json_extract(c.value, '$[0]')",
             "json_extract(c.value, '$[2]')",
             "json_extract(c.value, '$[3]')",
-            f"max({_LITE_NOW}, json_extract(c.value, '$[1]'))",
+            f"max({LITE_NOW}, json_extract(c.value, '$[1]'))",
         )
     }
         ORDER BY 1, 2
@@ -516,66 +500,66 @@ SQLITE = Dialect(
                 lease_until_us = excluded.lease_until_us, claimed_us = excluded.claimed_us
             WHERE s.state = 0
               AND (s.lease_until_us < excluded.claimed_us OR s.owner = excluded.owner)
-        RETURNING {_LITE_NOW}, entry, slot_us, fence, {_CONTROLS}""",
+        RETURNING {LITE_NOW}, entry, slot_us, fence, {CONTROLS}""",
     take_over=f"""
         UPDATE {{s}} SET owner = :owner, fence = fence + 1,
-            lease_until_us = {_LITE_NOW} + :lease_us, claimed_us = {_LITE_NOW}
+            lease_until_us = {LITE_NOW} + :lease_us, claimed_us = {LITE_NOW}
         WHERE rowid IN (
-            SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {_LITE_NOW}
-              AND NOT {_paused("{s}.entry", _LITE_NOW)}
+            SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {LITE_NOW}
+              AND NOT {_paused("{s}.entry", LITE_NOW)}
               AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
                                         WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
                    OR {_stored("{s}.entry")})
             ORDER BY slot_us, entry LIMIT :limit)
-        RETURNING {_LITE_NOW}, entry, slot_us, fence""",
+        RETURNING {LITE_NOW}, entry, slot_us, fence""",
     confirm=f"""
-        UPDATE {{s}} SET state = 1, sent_us = COALESCE(sent_us, {_LITE_NOW})
+        UPDATE {{s}} SET state = 1, sent_us = COALESCE(sent_us, {LITE_NOW})
         WHERE owner = :owner AND (entry, slot_us, fence) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                    json_extract(value, '$[2]') FROM json_each(:slots))
-        RETURNING {_LITE_NOW}, entry, slot_us, fence""",
+        RETURNING {LITE_NOW}, entry, slot_us, fence""",
     reassert=f"""
         INSERT INTO {{s}} AS s (entry, slot_us, state, owner, fence, lease_until_us,
             claimed_us, sent_us)
         SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), 1, :owner,
-            json_extract(value, '$[2]'), 0, {_LITE_NOW}, {_LITE_NOW}
+            json_extract(value, '$[2]'), 0, {LITE_NOW}, {LITE_NOW}
         FROM json_each(:slots) WHERE true
         ON CONFLICT (entry, slot_us) DO UPDATE
             SET state = 1, sent_us = COALESCE(s.sent_us, excluded.sent_us)
             WHERE s.state = 0 AND s.owner = excluded.owner AND s.fence = excluded.fence
-        RETURNING {_LITE_NOW}, entry, slot_us, fence""",
+        RETURNING {LITE_NOW}, entry, slot_us, fence""",
     select_batch="",
     release=f"""
         UPDATE {{s}} SET lease_until_us = CASE WHEN :retry_us = 0 THEN 0
-            ELSE {_LITE_NOW} + :retry_us END
+            ELSE {LITE_NOW} + :retry_us END
         WHERE owner = :owner AND state = 0 AND (entry, slot_us, fence) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
                    json_extract(value, '$[2]') FROM json_each(:slots))""",
     prune_turn=f"""
-        UPDATE {{m}} SET value_us = {_LITE_NOW} + :every_us
-        WHERE key = 'prune' AND value_us <= {_LITE_NOW}""",
+        UPDATE {{m}} SET value_us = {LITE_NOW} + :every_us
+        WHERE key = 'prune' AND value_us <= {LITE_NOW}""",
     prune_mark=f"""
         UPDATE {{e}} SET last_slot_us = (
             SELECT max(COALESCE({{e}}.last_slot_us, -1), max(s.slot_us)) FROM {{s}} s
             WHERE s.entry = {{e}}.name AND s.state = 1
-              AND s.slot_us < {_LITE_NOW} - :retention_us)
+              AND s.slot_us < {LITE_NOW} - :retention_us)
         WHERE EXISTS (SELECT 1 FROM {{s}} s WHERE s.entry = {{e}}.name AND s.state = 1
-                      AND s.slot_us < {_LITE_NOW} - :retention_us)""",
+                      AND s.slot_us < {LITE_NOW} - :retention_us)""",
     prune_delete=f"""
-        DELETE FROM {{s}} WHERE state = 1 AND slot_us < {_LITE_NOW} - :retention_us
+        DELETE FROM {{s}} WHERE state = 1 AND slot_us < {LITE_NOW} - :retention_us
           AND slot_us <= (SELECT e.last_slot_us FROM {{e}} e WHERE e.name = {{s}}.entry)""",
     meta_insert="""
         INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
         ON CONFLICT (key) DO NOTHING""",
     recent_owners=f"""
-        SELECT {_LITE_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
-            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {_LITE_NOW} - :window_us
+        SELECT {LITE_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
+            SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {LITE_NOW} - :window_us
         ) o ON true""",
     # one statement: RETURNING may read other tables through subqueries
     heartbeat=f"""
         INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
             offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {_LITE_NOW}, :loop_us, :offset_us,
+        VALUES (:id, :host, :pid, :version, :started_us, {LITE_NOW}, :loop_us, :offset_us,
             :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
         ON CONFLICT (id) DO UPDATE SET seen_us = excluded.seen_us,
             lost_writes = excluded.lost_writes,
@@ -583,14 +567,14 @@ SQLITE = Dialect(
             loop_us = excluded.loop_us, offset_us = excluded.offset_us,
             tracked = excluded.tracked, proposes_first = excluded.proposes_first,
             heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
-        RETURNING seen_us, {_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+        RETURNING seen_us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
             (SELECT json_group_array(lr.id) FROM {{r}} lr
-             WHERE {live_replica(_LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
+             WHERE {live_replica(LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
     heartbeat_read="",
     heartbeat_returning="",
-    stopped=f"UPDATE {{r}} SET stopped_us = {_LITE_NOW} WHERE id = :id",
+    stopped=f"UPDATE {{r}} SET stopped_us = {LITE_NOW} WHERE id = :id",
     catalog_header=f"""
-        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {_LITE_NOW})
+        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {LITE_NOW})
         ON CONFLICT (id) DO UPDATE SET published_us = excluded.published_us""",
     catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
     catalog_insert="""
@@ -601,13 +585,13 @@ SQLITE = Dialect(
         ON CONFLICT (entry, catalog) DO NOTHING""",
     catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
     pauses=f"""
-        SELECT {_LITE_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {_CONTROLS}
+        SELECT {LITE_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {CONTROLS}
         FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
-            ON p.until_us IS NULL OR p.until_us > {_LITE_NOW}""",
+            ON p.until_us IS NULL OR p.until_us > {LITE_NOW}""",
 )
 
 
 def dialect_for(backend: str, prefix: str) -> Dialect:
     """The statements for an SQLAlchemy backend name, with table names filled in."""
-    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "mariadb": MYSQL, "sqlite": SQLITE}
-    return family[backend].render(prefix)
+    family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "sqlite": SQLITE}[family_of(backend)]
+    return render(family, prefix, TABLES, now=family.now, keep=("name", "now"))
