@@ -45,7 +45,7 @@ from sqlalchemy.engine import Engine
 
 from celery_singlebeat.engine.sharing import first_replicas
 from celery_singlebeat.store.sql.schema import Tables
-from celery_singlebeat.store.sql.slot_statements import dialect_for
+from celery_singlebeat.store.sql.store_statements import store_dialect_for
 from celery_singlebeat.timeline.slots import slot_task_id
 
 HERE = Path(__file__).resolve().parent
@@ -743,7 +743,7 @@ class Db:
     def __init__(self, url: str, prefix: str) -> None:
         self.engine: Engine = direct_engine(url, poolclass=sa.pool.NullPool)
         self.tables = Tables(prefix)
-        self.sql = dialect_for(self.engine.dialect.name, prefix)
+        self.sql = store_dialect_for(self.engine.dialect.name, prefix)
 
     def now_us(self) -> int:
         """The database's clock, the one every slot and lease is measured on."""

@@ -1,7 +1,8 @@
 """The SQL statements of SingletonTask's keys and runs, per dialect.
 
-Kept apart from the scheduler's statements (``statements.py``): the two sets
-share only the database clock expression. ``{l}``/``{r}``/``{m}`` are the
+Kept apart from the beat's statements (``slot_statements.py``,
+``fleet_statements.py``): the sets share only the database clock expression
+(``dialect.py``). ``{l}``/``{r}``/``{m}`` are the
 locks, runs and meta table names; ``{now}`` is the database's clock in
 microseconds, read once per statement so that every comparison in a statement
 uses one instant.

@@ -34,7 +34,7 @@ from ...exceptions import ControlError
 from ...timeline.membership import replica_live
 from ..base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
-from .operator_statements import FleetDialect, status_entries
+from .operator_statements import OperatorDialect, operator_dialect_for, status_entries
 from .store import FleetPruned, SqlStore
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class Fleet:
         meta = store.tables.meta.name
         # Tables() keeps no prefix of its own: every table is "<prefix><name>"
         self.prefix = meta[: -len("meta")]
-        self.sql: FleetDialect = store.fleet_sql
+        self.sql: OperatorDialect = operator_dialect_for(store.backend, self.prefix)
 
     # -- plumbing -----------------------------------------------------------
 

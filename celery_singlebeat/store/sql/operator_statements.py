@@ -1,16 +1,17 @@
-"""The SQL of operating the fleet (``store/fleet.py``), per dialect.
+"""The SQL of the operator's reads and controls (``operator.py``), per dialect.
 
-Kept apart from the scheduler's statements (``statements.py``) and
-SingletonTask's (``lease_statements.py``): these run from an operator's
-command, never in a tick. Table names: ``{e}`` entries, ``{s}`` slots, ``{m}``
-meta, ``{r}`` replicas, ``{c}`` catalog rows, ``{h}`` catalog headers, ``{p}``
-pauses, ``{q}`` requests, ``{l}`` locks, ``{u}`` runs.
+Kept apart from the replicas' statements (``slot_statements.py``,
+``fleet_statements.py``) and SingletonTask's (``lease_statements.py``): these
+run from an operator's command, never in a tick. Table names: ``{e}``
+entries, ``{s}`` slots, ``{m}`` meta, ``{r}`` replicas, ``{c}`` catalog rows,
+``{h}`` catalog headers, ``{p}`` pauses, ``{q}`` requests, ``{d}`` schedules,
+``{l}`` locks.
 
 Every operation reads the database's clock once (``now``) and binds it as
 ``:now_us`` into each of its statements, so that all of them judge liveness,
 expiry and "now" by one instant, and a test can pass the instant it wants.
 A set of names travels as one JSON parameter (``:names``), as in the
-scheduler's statements.
+replicas' statements.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .dialect import LITE_NOW, MY_NOW, PG_NOW, family_of, live_replica, render
 #: a replica row ``r`` is live at the operation's instant (membership.py)
 _LIVE = live_replica(":now_us")
 
-# The state of an entry's newest slot row, as a code (fleet.py names it):
+# The state of an entry's newest slot row, as a code (operator.py names it):
 # 0 claimed, 1 sent, 2 abandoned (its lease ran out unsent), 3 requested (a
 # run-now no replica took yet, fence 0).
 _LAST_STATE = """CASE WHEN ls.state IS NULL THEN NULL WHEN ls.state = 1 THEN 1
@@ -109,7 +110,7 @@ _STATUS_CATALOG_JOIN = """
     LEFT JOIN {c} c__N__ ON c__N__.entry = e.name AND c__N__.catalog = :cat__N__"""
 
 
-def status_entries(dialect: FleetDialect, live: dict[str, int]) -> tuple[str, dict[str, str]]:
+def status_entries(dialect: OperatorDialect, live: dict[str, int]) -> tuple[str, dict[str, str]]:
     """The status statement for this fleet and its parameters: ``live`` maps
     each catalog a live replica names to how many do."""
     order = sorted(live, reverse=True)  # the greatest id's row first
@@ -207,33 +208,9 @@ _INSERT_REQUEST = """
 
 _CONTROLS_READ = "SELECT m.value_us FROM {m} m WHERE m.key = 'controls'"
 
-# Replicas gone for longer than the retention: stopped, or not seen since.
-_PRUNE_REPLICAS = """
-    DELETE FROM {r}
-    WHERE (stopped_us IS NOT NULL AND stopped_us < :now_us - :retention_us)
-       OR seen_us < :now_us - :retention_us"""
-
-# Catalogs no replica row names (the replicas just pruned, or a release no
-# longer running) whose header is older than the retention: a publish in flight
-# has refreshed its header (and holds its row lock) before its replica's row
-# names it. Their rows go in the same transaction, so a reader never sees part
-# of a catalog.
-_PRUNE_CATALOGS = """
-    DELETE FROM {h}
-    WHERE published_us < :now_us - :retention_us
-      AND NOT EXISTS (SELECT 1 FROM {r} r WHERE r.catalog = {h}.id)"""
-_PRUNE_CATALOG = """
-    DELETE FROM {c} WHERE NOT EXISTS (SELECT 1 FROM {h} h WHERE h.id = {c}.catalog)"""
-
-# A request row says who asked for a slot row; once the slot row is pruned
-# (sent, older than the retention) it says nothing more.
-_PRUNE_REQUESTS = """
-    DELETE FROM {q} WHERE NOT EXISTS (
-        SELECT 1 FROM {s} s WHERE s.entry = {q}.entry AND s.slot_us = {q}.slot_us)"""
-
 
 @dataclass(frozen=True)
-class FleetDialect:
+class OperatorDialect:
     """Statement texts of the fleet operations for one database family."""
 
     #: the database's clock, in µs
@@ -268,16 +245,10 @@ class FleetDialect:
     controls_read: str
     #: PostgreSQL: wakes the replicas that LISTEN (delivered at commit); "" elsewhere
     notify: str
-    #: PostgreSQL: a listener's probe, ``:payload`` on ``:channel``; "" elsewhere
-    probe: str
     leases: str
     lease_row: str
     lease_release: str
     lease_names: str
-    prune_replicas: str
-    prune_catalogs: str
-    prune_catalog: str
-    prune_requests: str
 
 
 #: the tables the placeholders of these statements name
@@ -292,7 +263,6 @@ TABLES = {
     "q": "requests",
     "d": "schedules",
     "l": "locks",
-    "u": "runs",
 }
 
 
@@ -314,15 +284,11 @@ _COMMON = {
     "lease_row": _LEASE_ROW,
     "lease_release": _LEASE_RELEASE,
     "lease_names": _LEASE_NAMES,
-    "prune_replicas": _PRUNE_REPLICAS,
-    "prune_catalogs": _PRUNE_CATALOGS,
-    "prune_catalog": _PRUNE_CATALOG,
-    "prune_requests": _PRUNE_REQUESTS,
 }
 
 _PG_NAMES = "jsonb_array_elements_text(CAST(:names AS jsonb)) AS n(name)"
 
-POSTGRESQL = FleetDialect(
+POSTGRESQL = OperatorDialect(
     now=f"SELECT {PG_NOW}",
     begin="BEGIN",
     live_known=f"""
@@ -345,14 +311,13 @@ POSTGRESQL = FleetDialect(
         INSERT INTO {m} AS m (key, value_us) VALUES ('controls', 1)
         ON CONFLICT (key) DO UPDATE SET value_us = m.value_us + 1""",
     notify="SELECT pg_notify(:channel, '')",
-    probe="SELECT pg_notify(:channel, :payload)",
     **{**_COMMON, "status_entries": _PG_STATUS_ENTRIES},
 )
 
 _MY_NAMES = """JSON_TABLE(:names, '$[*]' COLUMNS (
                 name VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) n"""
 
-MYSQL = FleetDialect(
+MYSQL = OperatorDialect(
     now=f"SELECT {MY_NOW}",
     begin="START TRANSACTION",
     live_known=f"""
@@ -377,14 +342,13 @@ MYSQL = FleetDialect(
         INSERT INTO {m} (`key`, value_us) VALUES ('controls', 1)
         ON DUPLICATE KEY UPDATE value_us = value_us + 1""",
     notify="",
-    probe="",
     **{
         **_COMMON,
         "controls_read": "SELECT m.value_us FROM {m} m WHERE m.`key` = 'controls'",
     },
 )
 
-SQLITE = FleetDialect(
+SQLITE = OperatorDialect(
     now=f"SELECT {LITE_NOW}",
     begin="BEGIN IMMEDIATE",
     live_known=f"""
@@ -408,12 +372,11 @@ SQLITE = FleetDialect(
         INSERT INTO {m} (key, value_us) VALUES ('controls', 1)
         ON CONFLICT (key) DO UPDATE SET value_us = value_us + 1""",
     notify="",
-    probe="",
     **_COMMON,
 )
 
 
-def fleet_dialect_for(backend: str, prefix: str) -> FleetDialect:
+def operator_dialect_for(backend: str, prefix: str) -> OperatorDialect:
     """The fleet statements for an SQLAlchemy backend name, with table names filled in."""
     family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "sqlite": SQLITE}[family_of(backend)]
     return render(family, prefix, TABLES, keep=("now",))

@@ -1,9 +1,9 @@
-"""The SQL of stored schedules (``store/schedules_sql.py``), per dialect.
+"""The SQL of stored schedules (``schedules.py``), per dialect.
 
 Table names: ``{t}`` schedules, ``{g}`` the schedule log, ``{m}`` meta,
 ``{s}`` slots. The columns of a schedule row are always read and written in
 :class:`~.values.ScheduleRow`'s order (:data:`COLUMNS`). A set of names
-travels as one JSON parameter (``:names``), as in the scheduler's statements;
+travels as one JSON parameter (``:names``), as in the replicas' statements;
 rows and history rows are written with one ``executemany`` each.
 
 The replicas' reads (``versions``, ``feed``, ``rows``, ``row``) return the
@@ -70,7 +70,7 @@ class ScheduleDialect:
     log_delete: str
     sent_count: str
     #: the table's highest revision (0 when empty): where prepare starts the
-    #: counter row it creates when missing (with statements.py's meta_insert)
+    #: counter row it creates when missing (with store_statements.py's meta_insert)
     seed_revision: str
     #: (now, name, replica id) for each of ``:names`` a live replica's catalog
     #: lists (binds ``:beats`` and ``:slack_us``, the one rule of liveness)

@@ -1,12 +1,16 @@
-"""Every SQL statement of the store, per dialect, in one place.
+"""The SQL of the beat's slots (``slots.py``), per dialect.
 
-Sets of slots travel as one JSON parameter (``[[entry, slot_us, fence], ...]``)
-expanded by the database (``jsonb_to_recordset``, ``JSON_TABLE``,
-``json_each``): the statement text stays constant whatever the batch size, so
-one tick is one statement, and no driver parameter limit applies.
+Register entries, claim due slots, confirm them sent, write them again after
+a failover, release them, take abandoned ones over, prune old rows, and read
+who owned recent ones. A claim and a takeover refuse in SQL what is paused
+(``{p}``), early, at or below the high-water mark, or proposed under a stored
+definition that was replaced since: no replica is trusted to check. Table
+names: ``{e}`` entries, ``{s}`` slots, ``{m}`` meta, ``{k}`` catalog rows,
+``{p}`` pauses, ``{d}`` schedules, ``{l}`` the schedule log.
 
-``{now}`` is the database's clock in microseconds; each dialect reads it once
-per statement, so every comparison inside a statement uses the same instant.
+``:slots`` is one JSON parameter (``dialect.py`` says why): ``[[entry,
+slot_us, fence], ...]``, or for a claim ``[[entry, slot_us, revision,
+written_us], ...]``.
 """
 
 from __future__ import annotations
@@ -20,23 +24,17 @@ from .dialect import (
     MY_NOW,
     PG_NOW,
     family_of,
-    live_replica,
     render,
 )
 
 
 @dataclass(frozen=True)
-class Dialect:
-    """Statement texts for one database family; ``{e}``/``{s}``/``{m}`` are the
-    entries, slots and meta table names, ``{r}``/``{k}``/``{h}``/``{p}`` the
-    replicas, catalog rows, catalog headers and pauses tables."""
+class SlotDialect:
+    """Statement texts of the slots for one database family."""
 
-    name: str
-    now: str
     #: True when claim/take_over return rows directly (RETURNING); False when a
     #: second statement reads the rows marked with the batch id (MySQL).
     returning: bool
-    ping: str
     register_insert: str
     register_select: str
     claim: str
@@ -51,26 +49,7 @@ class Dialect:
     prune_turn: str
     prune_mark: str
     prune_delete: str
-    meta_insert: str
     recent_owners: str
-    #: upsert the replica's row and read (now, controls version, open claims,
-    #: live replica: ``live_replica``); with ``heartbeat_read`` set, the read is
-    #: a second statement
-    heartbeat: str
-    heartbeat_read: str
-    #: MariaDB 10.5+ only: the upsert and the read in one statement (its
-    #: ``INSERT ... RETURNING``); MySQL has no RETURNING and keeps the two
-    heartbeat_returning: str
-    stopped: str
-    #: upsert the catalog's header row (``:catalog``, ``:entries``) with now
-    catalog_header: str
-    #: how many rows catalog ``:catalog`` has
-    catalog_count: str
-    #: insert the rows of ``:catalog`` from ``:rows``, skipping those there
-    catalog_insert: str
-    #: point the replica's row (if any) at ``:catalog``
-    catalog_assign: str
-    pauses: str
 
 
 #: the tables the placeholders of these statements name
@@ -78,21 +57,11 @@ TABLES = {
     "e": "entries",
     "s": "slots",
     "m": "meta",
-    "r": "replicas",
     "k": "catalog",
-    "h": "catalogs",
     "p": "pauses",
     "d": "schedules",
     "l": "schedule_log",
 }
-
-
-#: the stored schedules' highest revision (through its index), which the
-#: heartbeat brings back beside the control version: it counts as a feed read
-_SCHEDULES = "(SELECT max(revision) FROM {d})"
-#: ... and the floor of what the prune kept of them (feed_versions says why)
-_FLOOR = "(SELECT value_us FROM {m} WHERE key = 'schedule_floor')"
-_MY_FLOOR = "(SELECT value_us FROM {m} WHERE `key` = 'schedule_floor')"
 
 
 def _paused(entry: str, now: str) -> str:
@@ -145,11 +114,8 @@ _PG_CLAIM_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_u
                        CAST(v ->> 2 AS BIGINT) AS revision, CAST(v ->> 3 AS BIGINT) AS written_us
                 FROM jsonb_array_elements(CAST(:slots AS jsonb)) AS j(v)) c"""
 
-POSTGRESQL = Dialect(
-    name="postgresql",
-    now="n.us",
+POSTGRESQL = SlotDialect(
     returning=True,
-    ping=f"SELECT {PG_NOW}",
     register_insert=f"""
         WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
         INSERT INTO {{e}} (name, anchor_us, registered_by)
@@ -250,53 +216,11 @@ POSTGRESQL = Dialect(
         DELETE FROM {{s}} s USING {{e}} e
         WHERE e.name = s.entry AND s.state = 1
           AND s.slot_us < {PG_NOW} - :retention_us AND s.slot_us <= e.last_slot_us""",
-    meta_insert="""
-        INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
-        ON CONFLICT (key) DO NOTHING""",
     recent_owners=f"""
         WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
         SELECT n.us, o.owner FROM n LEFT JOIN (
             SELECT DISTINCT s.owner FROM {{s}} s, n WHERE s.slot_us > n.us - :window_us
         ) o ON true""",
-    # the write happens whatever the SELECT reads (a data-modifying CTE always runs)
-    heartbeat=f"""
-        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
-        up AS (
-            INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
-                offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-            SELECT :id, :host, :pid, :version, :started_us, n.us, :loop_us, :offset_us,
-                :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes FROM n
-            ON CONFLICT (id) DO UPDATE SET seen_us = EXCLUDED.seen_us,
-                lost_writes = EXCLUDED.lost_writes,
-                catalog = COALESCE(EXCLUDED.catalog, r.catalog),
-                loop_us = EXCLUDED.loop_us, offset_us = EXCLUDED.offset_us,
-                tracked = EXCLUDED.tracked, proposes_first = EXCLUDED.proposes_first,
-                heartbeat_us = EXCLUDED.heartbeat_us, version = EXCLUDED.version,
-                stopped_us = NULL
-            RETURNING 1
-        )
-        SELECT n.us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
-               {_SCHEDULES}, {_FLOOR}
-        FROM n LEFT JOIN (
-            SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
-        ) o ON true""",
-    heartbeat_read="",
-    heartbeat_returning="",
-    stopped=f"UPDATE {{r}} SET stopped_us = {PG_NOW} WHERE id = :id",
-    catalog_header=f"""
-        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {PG_NOW})
-        ON CONFLICT (id) DO UPDATE SET published_us = EXCLUDED.published_us""",
-    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
-    catalog_insert="""
-        INSERT INTO {k} (entry, catalog, task, schedule, spec)
-        SELECT v ->> 0, :catalog, v ->> 1, v ->> 2, v ->> 3
-        FROM jsonb_array_elements(CAST(:rows AS jsonb)) AS j(v)
-        ON CONFLICT (entry, catalog) DO NOTHING""",
-    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
-    pauses=f"""
-        WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us)
-        SELECT n.us, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {CONTROLS}
-        FROM n LEFT JOIN {{p}} p ON p.until_us IS NULL OR p.until_us > n.us""",
 )
 
 _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
@@ -304,24 +228,9 @@ _MY_SLOTS = """JSON_TABLE(:slots, '$[*]' COLUMNS (
                 slot_us BIGINT PATH '$[1]',
                 fence BIGINT PATH '$[2]')) c"""
 
-#: MySQL/MariaDB: the replica's row upserted (the heartbeat's write)
-_MY_HEARTBEAT = f"""
-        INSERT INTO {{r}} (id, host, pid, version, started_us, seen_us, loop_us,
-            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {MY_NOW}, :loop_us, :offset_us,
-            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
-        ON DUPLICATE KEY UPDATE seen_us = VALUES(seen_us), loop_us = VALUES(loop_us),
-            lost_writes = VALUES(lost_writes),
-            catalog = COALESCE(VALUES(catalog), catalog),
-            offset_us = VALUES(offset_us), tracked = VALUES(tracked),
-            proposes_first = VALUES(proposes_first), heartbeat_us = VALUES(heartbeat_us),
-            version = VALUES(version), stopped_us = NULL"""
 
-MYSQL = Dialect(
-    name="mysql",
-    now=MY_NOW,
+MYSQL = SlotDialect(
     returning=False,
-    ping=f"SELECT {MY_NOW}",
     register_insert=f"""
         INSERT INTO {{e}} (name, anchor_us, registered_by)
         SELECT c.name, {MY_NOW}, :owner
@@ -417,54 +326,14 @@ MYSQL = Dialect(
         DELETE s FROM {{s}} s JOIN {{e}} e ON e.name = s.entry
         WHERE s.state = 1 AND s.slot_us < {MY_NOW} - :retention_us
           AND s.slot_us <= e.last_slot_us""",
-    meta_insert="""
-        INSERT INTO {m} (`key`, value_us) VALUES (:key, :value_us)
-        ON DUPLICATE KEY UPDATE value_us = value_us""",
     recent_owners=f"""
         SELECT {MY_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {MY_NOW} - :window_us
         ) o ON true""",
-    # MySQL has no RETURNING, no writing CTE: the upsert, then the read
-    heartbeat=_MY_HEARTBEAT,
-    heartbeat_read=f"""
-        SELECT {MY_NOW}, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
-               {_SCHEDULES}, {_MY_FLOOR}
-        FROM (SELECT 1 AS one) d LEFT JOIN (
-            SELECT lr.id FROM {{r}} lr WHERE {live_replica(MY_NOW, "lr")}
-        ) o ON true""",
-    # MariaDB refuses a subquery on the table an INSERT writes (error 1093)
-    # unless a derived table materialises it; RETURNING is evaluated after the
-    # upsert, so the live list includes this replica's fresh row
-    heartbeat_returning=_MY_HEARTBEAT
-    + f"""
-        RETURNING seen_us, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
-            (SELECT live.ids FROM (SELECT JSON_ARRAYAGG(lr.id) AS ids FROM {{r}} lr
-             WHERE {live_replica(MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
-    stopped=f"UPDATE {{r}} SET stopped_us = {MY_NOW} WHERE id = :id",
-    catalog_header=f"""
-        INSERT INTO {{h}} (id, entries, published_us) VALUES (:catalog, :entries, {MY_NOW})
-        ON DUPLICATE KEY UPDATE published_us = VALUES(published_us)""",
-    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
-    catalog_insert="""
-        INSERT IGNORE INTO {k} (entry, catalog, task, schedule, spec)
-        SELECT c.entry, :catalog, c.task, c.schedule, c.spec
-        FROM JSON_TABLE(:rows, '$[*]' COLUMNS (
-            entry VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[0]',
-            task VARCHAR(255) CHARACTER SET utf8mb4 PATH '$[1]',
-            schedule VARCHAR(500) CHARACTER SET utf8mb4 PATH '$[2]',
-            spec LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) c""",
-    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
-    pauses=f"""
-        SELECT {MY_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {MY_CONTROLS}
-        FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
-            ON p.until_us IS NULL OR p.until_us > {MY_NOW}""",
 )
 
-SQLITE = Dialect(
-    name="sqlite",
-    now=LITE_NOW,
+SQLITE = SlotDialect(
     returning=True,
-    ping=f"SELECT {LITE_NOW}",
     register_insert=f"""
         INSERT INTO {{e}} (name, anchor_us, registered_by)
         SELECT c.value, {LITE_NOW}, :owner FROM json_each(:names) c WHERE true
@@ -548,50 +417,14 @@ SQLITE = Dialect(
     prune_delete=f"""
         DELETE FROM {{s}} WHERE state = 1 AND slot_us < {LITE_NOW} - :retention_us
           AND slot_us <= (SELECT e.last_slot_us FROM {{e}} e WHERE e.name = {{s}}.entry)""",
-    meta_insert="""
-        INSERT INTO {m} (key, value_us) VALUES (:key, :value_us)
-        ON CONFLICT (key) DO NOTHING""",
     recent_owners=f"""
         SELECT {LITE_NOW}, o.owner FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT DISTINCT owner FROM {{s}} WHERE slot_us > {LITE_NOW} - :window_us
         ) o ON true""",
-    # one statement: RETURNING may read other tables through subqueries
-    heartbeat=f"""
-        INSERT INTO {{r}} AS r (id, host, pid, version, started_us, seen_us, loop_us,
-            offset_us, tracked, proposes_first, heartbeat_us, stopped_us, catalog, lost_writes)
-        VALUES (:id, :host, :pid, :version, :started_us, {LITE_NOW}, :loop_us, :offset_us,
-            :tracked, :first, :heartbeat_us, NULL, :catalog, :lost_writes)
-        ON CONFLICT (id) DO UPDATE SET seen_us = excluded.seen_us,
-            lost_writes = excluded.lost_writes,
-            catalog = COALESCE(excluded.catalog, r.catalog),
-            loop_us = excluded.loop_us, offset_us = excluded.offset_us,
-            tracked = excluded.tracked, proposes_first = excluded.proposes_first,
-            heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
-        RETURNING seen_us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
-            (SELECT json_group_array(lr.id) FROM {{r}} lr
-             WHERE {live_replica(LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
-    heartbeat_read="",
-    heartbeat_returning="",
-    stopped=f"UPDATE {{r}} SET stopped_us = {LITE_NOW} WHERE id = :id",
-    catalog_header=f"""
-        INSERT INTO {{h}} AS h (id, entries, published_us) VALUES (:catalog, :entries, {LITE_NOW})
-        ON CONFLICT (id) DO UPDATE SET published_us = excluded.published_us""",
-    catalog_count="SELECT count(*) FROM {k} WHERE catalog = :catalog",
-    catalog_insert="""
-        INSERT INTO {k} (entry, catalog, task, schedule, spec)
-        SELECT json_extract(c.value, '$[0]'), :catalog, json_extract(c.value, '$[1]'),
-            json_extract(c.value, '$[2]'), json_extract(c.value, '$[3]')
-        FROM json_each(:rows) c WHERE true
-        ON CONFLICT (entry, catalog) DO NOTHING""",
-    catalog_assign="UPDATE {r} SET catalog = :catalog WHERE id = :replica",
-    pauses=f"""
-        SELECT {LITE_NOW}, p.entry, p.until_us, p.paused_by, p.reason, p.at_us, {CONTROLS}
-        FROM (SELECT 1 AS one) d LEFT JOIN {{p}} p
-            ON p.until_us IS NULL OR p.until_us > {LITE_NOW}""",
 )
 
 
-def dialect_for(backend: str, prefix: str) -> Dialect:
+def slot_dialect_for(backend: str, prefix: str) -> SlotDialect:
     """The statements for an SQLAlchemy backend name, with table names filled in."""
     family = {"postgresql": POSTGRESQL, "mysql": MYSQL, "sqlite": SQLITE}[family_of(backend)]
-    return render(family, prefix, TABLES, now=family.now, keep=("name", "now"))
+    return render(family, prefix, TABLES)

@@ -54,11 +54,12 @@ from ..base import (
     controls_channel,
 )
 from .executor import MAX_ATTEMPTS, SqlExecutor
+from .fleet_statements import FleetDialect, fleet_dialect_for
 from .lease_statements import LeaseDialect, lease_dialect_for
-from .operator_statements import FleetDialect, fleet_dialect_for
 from .schedules import SqlSchedules
 from .schema import SCHEMA_VERSION, Tables
-from .slot_statements import Dialect, dialect_for
+from .slot_statements import SlotDialect, slot_dialect_for
+from .store_statements import StoreDialect, store_dialect_for
 
 if TYPE_CHECKING:
     from ...config import Settings
@@ -163,8 +164,9 @@ class SqlStore(Store):
         #: sends every statement of this store and of its Fleet (one retry loop)
         self.executor = SqlExecutor(self.engine, self.secrets)
         self.tables = Tables(table_prefix)
-        self.sql: Dialect = dialect_for(self.backend, table_prefix)
-        #: the fleet's statements (its prune is the store's, the rest Fleet's)
+        self.sql: SlotDialect = slot_dialect_for(self.backend, table_prefix)
+        self.store_sql: StoreDialect = store_dialect_for(self.backend, table_prefix)
+        #: the replicas' heartbeat, catalog, pauses, LISTEN probe and prune
         self.fleet_sql: FleetDialect = fleet_dialect_for(self.backend, table_prefix)
         #: replica id -> the id of the catalog it last published
         self._catalogs: dict[str, str] = {}
@@ -299,14 +301,16 @@ class SqlStore(Store):
                         for index in table.indexes:
                             index.create(conn, checkfirst=True)
             conn.execute(
-                self.executor.text(self.sql.meta_insert),
+                self.executor.text(self.store_sql.meta_insert),
                 {"key": "schema_version", "value_us": SCHEMA_VERSION},
             )
             for turn in ("prune", "prune_singletons", CONTROLS_KEY):
-                conn.execute(self.executor.text(self.sql.meta_insert), {"key": turn, "value_us": 0})
+                conn.execute(
+                    self.executor.text(self.store_sql.meta_insert), {"key": turn, "value_us": 0}
+                )
             for key, value in self.schedules.seed(conn):
                 conn.execute(
-                    self.executor.text(self.sql.meta_insert), {"key": key, "value_us": value}
+                    self.executor.text(self.store_sql.meta_insert), {"key": key, "value_us": value}
                 )
             version = conn.execute(
                 self.tables.meta.select().where(self.tables.meta.c.key == "schema_version")
@@ -541,16 +545,16 @@ class SqlStore(Store):
 
         def work(conn: Connection) -> list[Any]:
             nonlocal one_row
-            if not self.sql.heartbeat_read:
-                return self._fetch(conn, self.sql.heartbeat, **params)
+            if not self.fleet_sql.heartbeat_read:
+                return self._fetch(conn, self.fleet_sql.heartbeat, **params)
             if _returns_from_upserts(conn):
                 # one statement, not two: idle, the heartbeat is one of the
                 # statements the feed's budget counts (docs/performance.md)
                 one_row = True
-                return self._fetch(conn, self.sql.heartbeat_returning, **params)
-            conn.execute(self.executor.text(self.sql.heartbeat), params)
+                return self._fetch(conn, self.fleet_sql.heartbeat_returning, **params)
+            conn.execute(self.executor.text(self.fleet_sql.heartbeat), params)
             return self._fetch(
-                conn, self.sql.heartbeat_read, beats=LIVE_HEARTBEATS, slack_us=LIVE_SLACK_US
+                conn, self.fleet_sql.heartbeat_read, beats=LIVE_HEARTBEATS, slack_us=LIVE_SLACK_US
             )
 
         rows = self.executor.run("heartbeat", work)
@@ -574,7 +578,9 @@ class SqlStore(Store):
     def stopped(self, replica_id: str) -> None:
         self.executor.run(
             "mark replica stopped",
-            lambda conn: conn.execute(self.executor.text(self.sql.stopped), {"id": replica_id}),
+            lambda conn: conn.execute(
+                self.executor.text(self.fleet_sql.stopped), {"id": replica_id}
+            ),
         )
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
@@ -592,11 +598,13 @@ class SqlStore(Store):
         params = {"catalog": catalog, "entries": len(ordered), "replica": replica_id}
 
         def work(conn: Connection) -> None:
-            conn.execute(self.executor.text(self.sql.catalog_header), params)
-            have = self._fetch(conn, self.sql.catalog_count, catalog=catalog)
+            conn.execute(self.executor.text(self.fleet_sql.catalog_header), params)
+            have = self._fetch(conn, self.fleet_sql.catalog_count, catalog=catalog)
             if int(have[0][0]) < len(ordered):
-                conn.execute(self.executor.text(self.sql.catalog_insert), {**params, "rows": rows})
-            conn.execute(self.executor.text(self.sql.catalog_assign), params)
+                conn.execute(
+                    self.executor.text(self.fleet_sql.catalog_insert), {**params, "rows": rows}
+                )
+            conn.execute(self.executor.text(self.fleet_sql.catalog_assign), params)
 
         self.executor.run("publish catalog", work)
         # the heartbeat names it too: the replica's row may not exist yet
@@ -605,7 +613,7 @@ class SqlStore(Store):
     def pauses(self) -> list[Pause]:
         # the control version comes along: the pauses read are those of that version
         rows = self._note_controls(
-            self.executor.run("read pauses", lambda conn: self._fetch(conn, self.sql.pauses))
+            self.executor.run("read pauses", lambda conn: self._fetch(conn, self.fleet_sql.pauses))
         )
         return sorted(
             (
@@ -925,7 +933,9 @@ class SqlStore(Store):
         return self.schedules.catalogued(names)
 
     def ping(self) -> int:
-        return self.executor.run("ping", lambda conn: int(self._fetch(conn, self.sql.ping)[0][0]))
+        return self.executor.run(
+            "ping", lambda conn: int(self._fetch(conn, self.store_sql.ping)[0][0])
+        )
 
     def close(self) -> None:
         self.engine.dispose()
