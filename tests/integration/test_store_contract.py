@@ -589,9 +589,9 @@ def test_a_heartbeat_without_returning_is_the_upsert_then_the_read(
 ) -> None:
     """MySQL has no RETURNING (nor MariaDB before 10.5): two statements, the
     same answers."""
-    import celery_singlebeat.store.sql.store as sql
+    from celery_singlebeat.store.sql import fleet
 
-    monkeypatch.setattr(sql, "_returns_from_upserts", lambda _conn: False)
+    monkeypatch.setattr(fleet, "_returns_from_upserts", lambda _conn: False)
     _check_the_live_rule(backend.ready(), statements=2)
 
 

@@ -4,6 +4,7 @@
 the names users and tests import from here are re-exported.
 """
 
-from .store import FleetPruned, SqlStore
+from .fleet import FleetPruned
+from .store import SqlStore
 
 __all__ = ["FleetPruned", "SqlStore"]

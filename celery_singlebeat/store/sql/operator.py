@@ -34,8 +34,9 @@ from ...exceptions import ControlError
 from ...timeline.membership import replica_live
 from ..base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
+from .fleet import FleetPruned
 from .operator_statements import OperatorDialect, operator_dialect_for, status_entries
-from .store import FleetPruned, SqlStore
+from .store import SqlStore
 
 if TYPE_CHECKING:
     from ...timeline.slots import SlotSequence
@@ -649,21 +650,11 @@ class Fleet:
         raises the high-water mark before it deletes), and leaves the turn as
         it is.
         """
-        store = self.store
-
-        def slots(conn: Connection) -> int:
-            params = {"retention_us": retention_us}
-            conn.execute(self._text(store.sql.prune_mark), params)
-            return int(conn.execute(self._text(store.sql.prune_delete), params).rowcount)
-
-        def singletons(conn: Connection) -> int:
-            params = {"retention_us": run_retention_us}
-            runs = conn.execute(self._text(store.lease_sql.prune_runs), params).rowcount
-            locks = conn.execute(self._text(store.lease_sql.prune_locks), params).rowcount
-            return int(runs) + int(locks)
-
-        deleted = self._read("prune", slots)
-        singleton_rows = self._read("prune singletons", singletons)
+        slots, leases = self.store.slots, self.store.leases
+        deleted = self._read("prune", lambda conn: slots.delete_sent(conn, retention_us))
+        singleton_rows = self._read(
+            "prune singletons", lambda conn: leases.delete_old(conn, run_retention_us)
+        )
         return PruneReport(deleted, singleton_rows, self.prune_fleet(retention_us))
 
     def prune_fleet(self, retention_us: int) -> FleetPruned:

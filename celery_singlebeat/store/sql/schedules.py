@@ -1,11 +1,12 @@
-"""The SQL implementation of :class:`~.schedule_store.ScheduleStore`.
+"""Stored schedules in SQL: the implementation of :class:`.ScheduleStore`.
 
-:class:`SqlSchedules` is what :class:`~.sql.SqlStore` delegates its stored
-schedules to: it sends every statement through the store's one
-:class:`~.executor.SqlExecutor` (its retries, its error wrapping, its rule
+:class:`SqlSchedules` is the part of :class:`~.store.SqlStore` its stored
+schedules' methods delegate to: it sends every statement through the store's
+one :class:`~.executor.SqlExecutor` (its retries, its error wrapping, its rule
 that a transaction is never run again once its COMMIT was sent), and decides
-the writes with :mod:`.schedule_edits`, as the in-memory store does. The
-statements are in ``schedule_statements.py``.
+the writes with :mod:`~celery_singlebeat.store.schedule_edits`, as the
+in-memory store does. The statements are beside it, in
+``schedule_statements.py``.
 
 A write may also run on the caller's connection, in the caller's transaction
 (``connection=``): a SQLAlchemy ``Connection`` or ``Session``, or a Django
@@ -20,14 +21,12 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ...exceptions import StoreUnavailable
-from ...redact import Secrets
-from ...timeline.clock import DatabaseClock
 from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ..schedule_edits import Edit, check_batch, plan
 from ..values import (
@@ -39,26 +38,13 @@ from ..values import (
     ScheduleWrite,
     controls_channel,
 )
-from .executor import SqlExecutor
+from .host import SqlHost
 from .schedule_statements import ScheduleDialect, schedule_dialect_for
-from .schema import Tables
 
-__all__ = ["ScheduleHost", "SqlSchedules"]
+__all__ = ["SqlSchedules"]
 
 #: SQLAlchemy backend names and Django vendors, by family
 _FAMILY = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "sqlite": "sqlite"}
-
-
-class ScheduleHost(Protocol):
-    """What :class:`SqlSchedules` uses of its store (:class:`~.sql.SqlStore`),
-    named here so that this module need not import ``sql.py``, which imports it."""
-
-    backend: str
-    executor: SqlExecutor
-    secrets: Secrets
-    tables: Tables
-    clock: DatabaseClock
-    controls_version: int | None
 
 
 class _Unchanged(Exception):
@@ -83,16 +69,16 @@ class _Runner(ABC):
 
 
 class _AlchemyRunner(_Runner):
-    def __init__(self, conn: Connection, store: ScheduleHost) -> None:
+    def __init__(self, conn: Connection, host: SqlHost) -> None:
         self.conn = conn
-        self.store = store
+        self.host = host
 
     def rows(self, statement: str, params: dict[str, Any]) -> list[Sequence[Any]]:
-        result = self.conn.execute(self.store.executor.text(statement), params)
+        result = self.conn.execute(self.host.executor.text(statement), params)
         return list(result.all()) if result.returns_rows else []
 
     def many(self, statement: str, params: list[dict[str, Any]]) -> None:
-        self.conn.execute(self.store.executor.text(statement), params)
+        self.conn.execute(self.host.executor.text(statement), params)
 
 
 class _CallerAlchemyRunner(_AlchemyRunner):
@@ -102,25 +88,25 @@ class _CallerAlchemyRunner(_AlchemyRunner):
         try:
             return super().rows(statement, params)
         except DBAPIError as exc:
-            raise self.store.executor.unavailable("write schedules", exc) from (
-                self.store.secrets.cause(exc)
+            raise self.host.executor.unavailable("write schedules", exc) from (
+                self.host.secrets.cause(exc)
             )
 
     def many(self, statement: str, params: list[dict[str, Any]]) -> None:
         try:
             super().many(statement, params)
         except DBAPIError as exc:
-            raise self.store.executor.unavailable("write schedules", exc) from (
-                self.store.secrets.cause(exc)
+            raise self.host.executor.unavailable("write schedules", exc) from (
+                self.host.secrets.cause(exc)
             )
 
 
 class _DjangoRunner(_Runner):
     """A Django connection: statements compiled to the driver's ``%s`` style."""
 
-    def __init__(self, connection: Any, family: str, store: ScheduleHost) -> None:
+    def __init__(self, connection: Any, family: str, host: SqlHost) -> None:
         self.connection = connection
-        self.store = store
+        self.host = host
         from sqlalchemy.dialects import mysql, postgresql, sqlite
 
         module = {"postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}[family]
@@ -130,14 +116,14 @@ class _DjangoRunner(_Runner):
     def _compile(self, statement: str) -> tuple[str, tuple[str, ...]]:
         known = self._compiled.get(statement)
         if known is None:
-            compiled = self.store.executor.text(statement).compile(dialect=self.dialect)
+            compiled = self.host.executor.text(statement).compile(dialect=self.dialect)
             known = (compiled.string, tuple(compiled.positiontup or ()))
             self._compiled[statement] = known
         return known
 
     def _fail(self, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(
-            self.store.secrets.scrub(f"write schedules failed: {type(exc).__name__}: {exc}")
+            self.host.secrets.scrub(f"write schedules failed: {type(exc).__name__}: {exc}")
         )
 
     def rows(self, statement: str, params: dict[str, Any]) -> list[Sequence[Any]]:
@@ -149,7 +135,7 @@ class _DjangoRunner(_Runner):
                     return []
                 return list(cursor.fetchall())
         except Exception as exc:
-            raise self._fail(exc) from self.store.secrets.cause(exc)
+            raise self._fail(exc) from self.host.secrets.cause(exc)
 
     def many(self, statement: str, params: list[dict[str, Any]]) -> None:
         sql, order = self._compile(statement)
@@ -157,18 +143,18 @@ class _DjangoRunner(_Runner):
             with self.connection.cursor() as cursor:
                 cursor.executemany(sql, [[p[name] for name in order] for p in params])
         except Exception as exc:
-            raise self._fail(exc) from self.store.secrets.cause(exc)
+            raise self._fail(exc) from self.host.secrets.cause(exc)
 
 
 class SqlSchedules:
-    """Stored schedules in the SQL store's tables (:class:`.ScheduleStore`'s
-    methods, which :class:`~.sql.SqlStore` forwards here)."""
+    """Stored schedules in the SQL store's tables: the methods of
+    :class:`.ScheduleStore`, whose docstrings say what each may touch."""
 
-    def __init__(self, store: ScheduleHost) -> None:
-        self.store = store
-        self.prefix = store.tables.prefix
-        self.family = _FAMILY[store.backend]
-        self.sql: ScheduleDialect = schedule_dialect_for(store.backend, self.prefix)
+    def __init__(self, host: SqlHost) -> None:
+        self.host = host
+        self.prefix = host.tables.prefix
+        self.family = _FAMILY[host.backend]
+        self.sql: ScheduleDialect = schedule_dialect_for(host.backend, self.prefix)
 
     # -- plumbing -----------------------------------------------------------
 
@@ -177,20 +163,20 @@ class SqlSchedules:
         database's clock (column 0) fed to the store's clock."""
 
         def work(conn: Connection) -> list[Any]:
-            clock = self.store.clock
+            clock = self.host.clock
             sent = clock.local_us()
-            rows = list(conn.execute(self.store.executor.text(statement), params).all())
+            rows = list(conn.execute(self.host.executor.text(statement), params).all())
             if rows and rows[0][0] is not None:
                 clock.observe(int(rows[0][0]), sent, clock.local_us())
             return rows
 
-        return self.store.executor.run(what, work)
+        return self.host.executor.run(what, work)
 
     def seed(self, conn: Connection) -> list[tuple[str, int]]:
         """The meta rows of stored schedules prepare creates when missing: the
         revision counter (at the table's highest revision: 0 on a new table)
         and the feed's floor."""
-        top = int(conn.execute(self.store.executor.text(self.sql.seed_revision)).scalar_one())
+        top = int(conn.execute(self.host.executor.text(self.sql.seed_revision)).scalar_one())
         return [(SCHEDULE_REVISION_KEY, top), (SCHEDULE_FLOOR_KEY, 0)]
 
     # -- writes -------------------------------------------------------------
@@ -206,13 +192,13 @@ class SqlSchedules:
             return self._write(self._caller(connection), writes, by, why)[0]
 
         def work(conn: Connection) -> list[ScheduleRow]:
-            rows, changed = self._write(_AlchemyRunner(conn, self.store), writes, by, why)
+            rows, changed = self._write(_AlchemyRunner(conn, self.host), writes, by, why)
             if not changed:
                 raise _Unchanged(rows)  # roll the counter's increment back
             return rows
 
         try:
-            return self.store.executor.run("write schedules", work, begin=self.sql.begin)
+            return self.host.executor.run("write schedules", work, begin=self.sql.begin)
         except _Unchanged as unchanged:
             return unchanged.rows
 
@@ -222,12 +208,12 @@ class SqlSchedules:
         """The statements of one batch on ``run``; the rows, and whether any changed."""
         sql = self.sql
         # first: the counter, whose lock orders the commits (schedule_store.py)
-        sent = self.store.clock.local_us()
+        sent = self.host.clock.local_us()
         answer = run.rows(sql.bump, {})
         if sql.bump_read:
             answer = run.rows(sql.bump_read, {})
         now, revision = int(answer[0][0]), int(answer[0][1])
-        self.store.clock.observe(now, sent, self.store.clock.local_us())
+        self.host.clock.observe(now, sent, self.host.clock.local_us())
         named = run.rows(sql.named, {"names": json.dumps([w.name for w in writes])})
         stored = {row.name: row for row in map(_row, named)}
         edits = plan(writes, stored, by, revision, now)
@@ -252,11 +238,11 @@ class SqlSchedules:
             connection = connection.connection()
         if isinstance(connection, Connection):
             self._check_family(connection.dialect.name, "SQLAlchemy connection")
-            return _CallerAlchemyRunner(connection, self.store)
+            return _CallerAlchemyRunner(connection, self.host)
         vendor = getattr(connection, "vendor", None)
         if isinstance(vendor, str) and callable(getattr(connection, "cursor", None)):
             self._check_family(vendor, "Django connection")
-            return _DjangoRunner(connection, _FAMILY[vendor], self.store)
+            return _DjangoRunner(connection, _FAMILY[vendor], self.host)
         raise TypeError(
             "connection: expected a SQLAlchemy Connection or Session, or a Django "
             f"connection (django.db.connection), not {type(connection).__name__}"
@@ -266,7 +252,7 @@ class SqlSchedules:
         if _FAMILY.get(name) != self.family:
             raise ValueError(
                 f"the {what} given is a {name} connection, but this store's database is "
-                f"{self.store.backend}: pass a connection to the store's own database "
+                f"{self.host.backend}: pass a connection to the store's own database "
                 "(the same database and table prefix)"
             )
 
@@ -292,11 +278,13 @@ class SqlSchedules:
     def versions(self) -> int:
         found = self._read("read feed versions", self.sql.versions)
         _now, top, controls, floor = found[0]
-        self.store.controls_version = None if controls is None else int(controls)
+        self.host.controls_version = None if controls is None else int(controls)
         # the floor too: once the prune deleted the newest tombstone, the
         # table's top revision went down, and a reader whose cursor is at that
         # delete would never hear of it (its feed is incomplete: it reloads)
-        return max(int(top or 0), int(floor or 0))
+        revision = max(int(top or 0), int(floor or 0))
+        self.host.schedule_revision = revision
+        return revision
 
     def catalogued(self, names: Sequence[str]) -> dict[str, list[str]]:
         if not names:
@@ -319,9 +307,9 @@ class SqlSchedules:
             statement, params = self.sql.log_all, {"limit": limit}
         else:
             statement, params = self.sql.log_entry, {"name": name, "limit": limit}
-        found = self.store.executor.run(
+        found = self.host.executor.run(
             "read schedule log",
-            lambda conn: list(conn.execute(self.store.executor.text(statement), params).all()),
+            lambda conn: list(conn.execute(self.host.executor.text(statement), params).all()),
         )
         return [
             ScheduleLogRow(
@@ -340,7 +328,7 @@ class SqlSchedules:
         sql = self.sql
 
         def work(conn: Connection) -> int:
-            text = self.store.executor.text
+            text = self.host.executor.text
             now = int(conn.execute(text(sql.now)).scalar_one())
             cutoff = {"cutoff": now - tombstones_us}
             # the floor first, in the same transaction: a feed sees both or neither
@@ -349,7 +337,7 @@ class SqlSchedules:
             log = conn.execute(text(sql.log_delete), {"cutoff": now - log_us}).rowcount
             return int(tombstones) + int(log)
 
-        return self.store.executor.run("prune schedules", work, begin=sql.begin)
+        return self.host.executor.run("prune schedules", work, begin=sql.begin)
 
 
 def _row(values: Sequence[Any]) -> ScheduleRow:

@@ -3,23 +3,28 @@
 One SQLAlchemy engine in autocommit mode: every operation is a single
 statement (two on MySQL/MariaDB, which lack RETURNING), so a tick costs one
 round trip, not BEGIN + statement + COMMIT. Every statement goes through
-the store's :class:`~.executor.SqlExecutor` (shared with its
-:class:`~.fleet.Fleet`), which wraps driver errors once: deadlocks and
-serialization failures are retried, anything else that means "the database
-did not decide" becomes ``StoreUnavailable``.
+the store's :class:`~.executor.SqlExecutor` (shared with the
+:class:`~.operator.Operator` over it), which wraps driver errors once:
+deadlocks and serialization failures are retried, anything else that means
+"the database did not decide" becomes ``StoreUnavailable``.
+
+:class:`SqlStore` opens the engine, checks the schema, and serves each
+contract through a part of its own, each with its statements beside it:
+:class:`~.slots.SqlSlots` (:class:`.SlotStore`), :class:`~.fleet.SqlFleet`
+(:class:`.FleetStore`), :class:`~.leases.SqlLeases`
+(:class:`.SingletonStore`) and :class:`~.schedules.SqlSchedules`
+(:class:`.ScheduleStore`). Its contract methods forward to them, one line
+each; the parts share its executor, its clock and the readings its
+contracts expose (:mod:`.host`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, Engine
@@ -27,12 +32,9 @@ from sqlalchemy.engine import URL, Connection, Engine
 from ...exceptions import SchemaError, StoreUnavailable
 from ...redact import Secrets
 from ...timeline.clock import DatabaseClock
-from ...timeline.membership import LIVE_HEARTBEATS, LIVE_SLACK_US
 from ...timeline.timing import ANSWER_TIMEOUT_S, CONNECT_TIMEOUT_S
 from ..base import (
     CONTROLS_KEY,
-    EARLY_TOLERANCE_US,
-    STALE_DEFINITION_US,
     Busy,
     CatalogEntry,
     Claim,
@@ -43,7 +45,6 @@ from ..base import (
     Run,
     RunBegin,
     RunRecord,
-    RunStatus,
     ScheduleFeed,
     ScheduleLogRow,
     ScheduleRow,
@@ -51,14 +52,14 @@ from ..base import (
     SlotKey,
     Store,
     Written,
-    controls_channel,
 )
 from .executor import MAX_ATTEMPTS, SqlExecutor
-from .fleet_statements import FleetDialect, fleet_dialect_for
-from .lease_statements import LeaseDialect, lease_dialect_for
+from .fleet import FleetPruned, SqlFleet
+from .host import fetch
+from .leases import SqlLeases
 from .schedules import SqlSchedules
 from .schema import SCHEMA_VERSION, Tables
-from .slot_statements import SlotDialect, slot_dialect_for
+from .slots import SqlSlots
 from .store_statements import StoreDialect, store_dialect_for
 
 if TYPE_CHECKING:
@@ -66,9 +67,6 @@ if TYPE_CHECKING:
     from ..fleet_store import ControlListener
 
 logger = logging.getLogger("celery_singlebeat.store")
-
-#: the write a slot of no stored entry is proposed under: none to check
-_NO_WRITE = Written(0, 0)
 
 
 def _engine_defaults(url: URL) -> dict[str, Any]:
@@ -111,24 +109,6 @@ def _engine_defaults(url: URL) -> dict[str, Any]:
     return {"connect_args": {"timeout": 15}}
 
 
-class FleetPruned(NamedTuple):
-    """The rows a fleet prune deleted, by table."""
-
-    replicas: int
-    #: catalog rows (of catalogs no replica row names any more)
-    catalog: int
-    #: request rows whose slot row is gone
-    requests: int
-
-
-def _returns_from_upserts(conn: Connection) -> bool:
-    """Whether the server takes ``INSERT ... RETURNING``: MariaDB from 10.5
-    (SQLAlchemy knows the server once a connection is open); MySQL does not."""
-    dialect = conn.dialect
-    version = getattr(dialect, "server_version_info", None) or ()
-    return bool(getattr(dialect, "is_mariadb", False)) and tuple(version[:2]) >= (10, 5)
-
-
 class SqlStore(Store):
     """Coordination state in PostgreSQL, MySQL/MariaDB or SQLite."""
 
@@ -152,7 +132,7 @@ class SqlStore(Store):
                 options[key] = value
         options["isolation_level"] = "AUTOCOMMIT"
         #: what every connection is opened with (the listener's too)
-        self._connect_args: dict[str, Any] = dict(options.get("connect_args", {}))
+        self.connect_args: dict[str, Any] = dict(options.get("connect_args", {}))
         if self.backend == "postgresql" and url.drivername == "postgresql":
             # the plain scheme means psycopg2 to SQLAlchemy; we ship psycopg 3
             url = url.set(drivername="postgresql+psycopg")
@@ -161,17 +141,16 @@ class SqlStore(Store):
             url = url.set(drivername=f"{url.drivername}+pymysql")
         self.engine: Engine = create_engine(url, **options)
         self._install_session_setup()
-        #: sends every statement of this store and of its Fleet (one retry loop)
+        #: sends every statement of this store and of its parts (one retry loop)
         self.executor = SqlExecutor(self.engine, self.secrets)
         self.tables = Tables(table_prefix)
-        self.sql: SlotDialect = slot_dialect_for(self.backend, table_prefix)
+        #: the store's own statements: ping, and the meta rows prepare makes
         self.store_sql: StoreDialect = store_dialect_for(self.backend, table_prefix)
-        #: the replicas' heartbeat, catalog, pauses, LISTEN probe and prune
-        self.fleet_sql: FleetDialect = fleet_dialect_for(self.backend, table_prefix)
-        #: replica id -> the id of the catalog it last published
-        self._catalogs: dict[str, str] = {}
-        self.lease_sql: LeaseDialect = lease_dialect_for(self.backend, table_prefix)
-        #: stored schedules: their statements and methods (schedules_sql.py)
+        #: one part per contract, each with its statements (host.py says what
+        #: they share of this store)
+        self.fleet = SqlFleet(self)
+        self.slots = SqlSlots(self, catalogs=self.fleet.catalogs)
+        self.leases = SqlLeases(self)
         self.schedules = SqlSchedules(self)
         self.clock = clock or DatabaseClock()
         #: statements sent to the database (benchmarks report it per tick).
@@ -268,15 +247,6 @@ class SqlStore(Store):
 
     # -- plumbing -----------------------------------------------------------
 
-    def _fetch(self, conn: Connection, statement: str, **params: Any) -> list[Any]:
-        """Execute, read all rows, and feed the database clock from column 0."""
-        sent = self.clock.local_us()
-        rows = conn.execute(self.executor.text(statement), params).all()
-        received = self.clock.local_us()
-        if rows and rows[0][0] is not None:
-            self.clock.observe(int(rows[0][0]), sent, received)
-        return list(rows)
-
     # -- Store ----------------------------------------------------------------
 
     def prepare(self, create: bool) -> None:
@@ -334,24 +304,10 @@ class SqlStore(Store):
                     raise
                 time.sleep(random.uniform(0.05, 0.3))
 
+    # -- slots (slots.py) ------------------------------------------------------
+
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
-        payload = json.dumps(sorted(set(names)))
-
-        def work(conn: Connection) -> dict[str, EntryState]:
-            if names:
-                conn.execute(
-                    self.executor.text(self.sql.register_insert), {"names": payload, "owner": owner}
-                )
-            rows = self._fetch(conn, self.sql.register_select, names=payload)
-            out = {}
-            for _now, name, anchor, last in rows:
-                if name is None:
-                    continue
-                last_slot = None if last is None or int(last) < 0 else int(last)
-                out[name] = EntryState(name, int(anchor), last_slot)
-            return out
-
-        return self.executor.run("register entries", work)
+        return self.slots.register(names, owner)
 
     def claim(
         self,
@@ -360,543 +316,96 @@ class SqlStore(Store):
         lease_us: int,
         revisions: Mapping[str, Written] | None = None,
     ) -> list[Claim]:
-        if not slots:
-            return []
-        # each slot with the write it is proposed under (0, 0: no stored entry)
-        revs = revisions or {}
-        payload = json.dumps(
-            sorted({(s.entry, s.slot_us, *revs.get(s.entry, _NO_WRITE)) for s in slots})
-        )
-        if self.sql.returning:
-            return self.executor.run(
-                "claim",
-                lambda conn: _claims(
-                    self._note_controls(
-                        self._fetch(
-                            conn,
-                            self.sql.claim,
-                            owner=owner,
-                            slots=payload,
-                            lease_us=lease_us,
-                            early_us=EARLY_TOLERANCE_US,
-                            stale_us=STALE_DEFINITION_US,
-                        )
-                    )
-                ),
-            )
-        batch = uuid.uuid4().hex
-
-        def work(conn: Connection) -> list[Claim]:
-            conn.execute(
-                self.executor.text(self.sql.claim),
-                {
-                    "owner": owner,
-                    "slots": payload,
-                    "lease_us": lease_us,
-                    "batch": batch,
-                    "early_us": EARLY_TOLERANCE_US,
-                    "stale_us": STALE_DEFINITION_US,
-                },
-            )
-            return _claims(
-                self._note_controls(
-                    self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
-                )
-            )
-
-        return self.executor.run("claim", work)
+        return self.slots.claim(owner, slots, lease_us, revisions)
 
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
-        # once each: MySQL compares the matched row count with the number of claims
-        claims = list(dict.fromkeys(claims))
-        if not claims:
-            return []
-        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
-        if self.sql.returning:
-            return self.executor.run(
-                "confirm",
-                lambda conn: _claims(
-                    self._fetch(conn, self.sql.confirm, owner=owner, slots=payload)
-                ),
-            )
-
-        def work(conn: Connection) -> list[Claim]:
-            result = conn.execute(
-                self.executor.text(self.sql.confirm), {"owner": owner, "slots": payload}
-            )
-            if result.rowcount == len(claims):
-                return list(claims)
-            # Some were taken over: find out which are ours and sent.
-            mine = {
-                (row[0], int(row[1]), int(row[2]))
-                for row in conn.execute(
-                    self.tables.slots.select()
-                    .with_only_columns(
-                        self.tables.slots.c.entry,
-                        self.tables.slots.c.slot_us,
-                        self.tables.slots.c.fence,
-                    )
-                    .where(
-                        self.tables.slots.c.owner == owner,
-                        self.tables.slots.c.state == 1,
-                        self.tables.slots.c.entry.in_({c.entry for c in claims}),
-                    )
-                )
-            }
-            return [c for c in claims if (c.entry, c.slot_us, c.fence) in mine]
-
-        return self.executor.run("confirm", work)
+        return self.slots.confirm(owner, claims)
 
     def reassert(self, owner: str, sent: Sequence[Claim]) -> list[Claim]:
-        sent = list(dict.fromkeys(sent))
-        if not sent:
-            return []
-        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in sent])
-        params = {"owner": owner, "slots": payload}
-        return self._won("write sent slots again", self.sql.reassert, params, sent=True)
+        return self.slots.reassert(owner, sent)
 
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
-        if not claims:
-            return
-        payload = json.dumps([[c.entry, c.slot_us, c.fence] for c in claims])
-        params = {"owner": owner, "slots": payload, "retry_us": max(0, retry_in_us)}
-        self.executor.run(
-            "release", lambda conn: conn.execute(self.executor.text(self.sql.release), params)
-        )
+        self.slots.release(owner, claims, retry_in_us)
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        # run-now rows only for the entries of the catalog this replica published
-        params = {
-            "owner": owner,
-            "lease_us": lease_us,
-            "limit": limit,
-            "catalog": self._catalogs.get(owner),
-        }
-        return self._won("take over", self.sql.take_over, params, sent=False)
-
-    def _won(self, what: str, statement: str, params: dict[str, Any], sent: bool) -> list[Claim]:
-        """The rows a statement won for ``params["owner"]``, oldest first.
-
-        With RETURNING they come back with it; on MySQL the statement marks them
-        with a batch id of its own and a second statement reads them back, only
-        when the first changed a row. ``sent``: the rows it wins are sent ones
-        (reassert) rather than claims (take_over).
-        """
-        if self.sql.returning:
-            return _oldest_first(
-                self.executor.run(
-                    what, lambda conn: _claims(self._fetch(conn, statement, **params))
-                )
-            )
-        batch = uuid.uuid4().hex
-        owner = params["owner"]
-
-        def work(conn: Connection) -> list[Claim]:
-            if (
-                conn.execute(self.executor.text(statement), {**params, "batch": batch}).rowcount
-                == 0
-            ):
-                # nothing to read back; the heartbeat sent with every sweep
-                # feeds the clock (a ping here cost MySQL one statement a sweep)
-                return []
-            rows = self._fetch(conn, self.sql.select_batch, batch=batch, owner=owner)
-            return _claims([r for r in rows if sent or r[4] in (None, 0)])
-
-        return _oldest_first(self.executor.run(what, work))
+        return self.slots.take_over(owner, lease_us, limit)
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
-        def work(conn: Connection) -> int | None:
-            turn = conn.execute(self.executor.text(self.sql.prune_turn), {"every_us": every_us})
-            if turn.rowcount != 1:
-                return None
-            conn.execute(self.executor.text(self.sql.prune_mark), {"retention_us": retention_us})
-            deleted = conn.execute(
-                self.executor.text(self.sql.prune_delete), {"retention_us": retention_us}
-            )
-            return int(deleted.rowcount)
+        return self.slots.prune(retention_us, every_us)
 
-        return self.executor.run("prune", work)
+    def recent_owners(self, window_us: int) -> list[str]:
+        return self.slots.recent_owners(window_us)
 
-    def _note_controls(self, rows: list[Any]) -> list[Any]:
-        """Keep the control version a statement read in its last column."""
-        if rows and rows[0][-1] is not None:
-            self.controls_version = int(rows[0][-1])
-        return rows
+    # -- the fleet's rows (fleet.py) -------------------------------------------
 
     def heartbeat(self, info: ReplicaInfo) -> list[str]:
-        params = {
-            "id": info.id,
-            "host": info.host,
-            "pid": info.pid,
-            "version": info.version,
-            "started_us": info.started_us,
-            "loop_us": info.loop_us,
-            "offset_us": info.offset_us,
-            "tracked": info.tracked,
-            "first": info.proposes_first,
-            "heartbeat_us": info.heartbeat_us,
-            "beats": LIVE_HEARTBEATS,
-            "slack_us": LIVE_SLACK_US,
-            "catalog": self._catalogs.get(info.id),
-            "lost_writes": info.lost_writes,
-        }
-
-        one_row = self.backend == "sqlite"
-
-        def work(conn: Connection) -> list[Any]:
-            nonlocal one_row
-            if not self.fleet_sql.heartbeat_read:
-                return self._fetch(conn, self.fleet_sql.heartbeat, **params)
-            if _returns_from_upserts(conn):
-                # one statement, not two: idle, the heartbeat is one of the
-                # statements the feed's budget counts (docs/performance.md)
-                one_row = True
-                return self._fetch(conn, self.fleet_sql.heartbeat_returning, **params)
-            conn.execute(self.executor.text(self.fleet_sql.heartbeat), params)
-            return self._fetch(
-                conn, self.fleet_sql.heartbeat_read, beats=LIVE_HEARTBEATS, slack_us=LIVE_SLACK_US
-            )
-
-        rows = self.executor.run("heartbeat", work)
-        if not rows:
-            return [info.id]
-        _now, version, open_claims, _live, revision, floor = rows[0]
-        self.controls_version = None if version is None else int(version)
-        self.open_claims = int(open_claims)
-        # as feed_versions: the floor too (ScheduleStore.feed_versions)
-        self.schedule_revision = max(int(revision or 0), int(floor or 0))
-        if one_row:
-            # one row; the live replicas come as a JSON array
-            live = {str(r) for r in json.loads(rows[0][3] or "[]") if r is not None}
-        else:
-            live = {str(r[3]) for r in rows if r[3] is not None}
-        # PostgreSQL's read does not see the upsert of its own statement (one
-        # snapshot): a first heartbeat, or the first after a stop, would miss
-        # the row it has just made live.
-        return sorted(live | {info.id})
+        return self.fleet.heartbeat(info)
 
     def stopped(self, replica_id: str) -> None:
-        self.executor.run(
-            "mark replica stopped",
-            lambda conn: conn.execute(
-                self.executor.text(self.fleet_sql.stopped), {"id": replica_id}
-            ),
-        )
+        self.fleet.stopped(replica_id)
 
     def publish_catalog(self, replica_id: str, entries: Sequence[CatalogEntry]) -> None:
-        # Content-addressed (schema.py says why): the id is a digest of the
-        # entries, so every replica of one release names the same catalog.
-        # The header is upserted first: it holds the row lock a concurrent
-        # prune needs, and its fresh published_us keeps the catalog out of
-        # that prune's reach until this replica's row names it. The rows are
-        # written only when the catalog is not all there (the first replica of
-        # a release, or after a prune), in the same transaction, so a reader
-        # sees a catalog whole or not at all.
-        ordered = sorted(entries, key=lambda e: e.entry)
-        rows = json.dumps([[e.entry, e.task, e.schedule, e.spec] for e in ordered])
-        catalog = hashlib.sha256(rows.encode()).hexdigest()[:32]
-        params = {"catalog": catalog, "entries": len(ordered), "replica": replica_id}
-
-        def work(conn: Connection) -> None:
-            conn.execute(self.executor.text(self.fleet_sql.catalog_header), params)
-            have = self._fetch(conn, self.fleet_sql.catalog_count, catalog=catalog)
-            if int(have[0][0]) < len(ordered):
-                conn.execute(
-                    self.executor.text(self.fleet_sql.catalog_insert), {**params, "rows": rows}
-                )
-            conn.execute(self.executor.text(self.fleet_sql.catalog_assign), params)
-
-        self.executor.run("publish catalog", work)
-        # the heartbeat names it too: the replica's row may not exist yet
-        self._catalogs[replica_id] = catalog
+        self.fleet.publish_catalog(replica_id, entries)
 
     def pauses(self) -> list[Pause]:
-        # the control version comes along: the pauses read are those of that version
-        rows = self._note_controls(
-            self.executor.run("read pauses", lambda conn: self._fetch(conn, self.fleet_sql.pauses))
-        )
-        return sorted(
-            (
-                Pause(
-                    str(r[1]), None if r[2] is None else int(r[2]), str(r[3]), str(r[4]), int(r[5])
-                )
-                for r in rows
-                if r[1] is not None
-            ),
-            key=lambda p: p.entry,
-        )
+        return self.fleet.pauses()
 
     def listen(self) -> ControlListener | None:
-        """:meth:`.FleetStore.listen`: on PostgreSQL (psycopg) a connection of
-        its own that LISTENs on the prefix's channel
-        (:class:`~.listening.PostgresControlListener`), which every control
-        write of :class:`~.fleet.Fleet` notifies; None on MySQL/MariaDB and
-        SQLite. Raises :class:`StoreUnavailable` when it cannot connect."""
-        if self.backend != "postgresql" or self.engine.dialect.driver != "psycopg":
-            return None
-        from .listening import PostgresControlListener
-
-        what = "listen for controls"
-        # A connection of its own, not one of the pool's: taking the pool's
-        # warm connection would leave the statements it ran unreported in the
-        # server's statistics until it idles 10 s, and the pool would open
-        # another. Same parameters as the engine's connections.
-        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
-        cparams = {**cparams, **self._connect_args}
-        cparams.pop("read_timeout", None)  # no libpq option (psycopg_timeout's)
-        try:
-            import psycopg
-
-            driver = psycopg.connect(*cargs, **cparams)
-        except Exception as exc:
-            raise StoreUnavailable(
-                self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
-            ) from None
-        channel = controls_channel(self.tables.prefix)
-
-        def send(payload: str) -> None:
-            # through the pool, never the listening connection: behind a
-            # pooler, a NOTIFY of the listener's own could run on the very
-            # server connection its LISTEN left behind and come back to it
-            self.executor.run(
-                "probe the listening connection",
-                lambda conn: conn.execute(
-                    self.executor.text(self.fleet_sql.probe),
-                    {"channel": channel, "payload": payload},
-                ),
-            )
-
-        try:
-            return PostgresControlListener(driver, channel, send)
-        except Exception as exc:
-            with suppress(Exception):
-                driver.close()
-            raise StoreUnavailable(
-                self.secrets.scrub(f"{what} failed: {type(exc).__name__}: {exc}")
-            ) from None
+        return self.fleet.listen()
 
     def prune_fleet(self, retention_us: int) -> int:
-        return sum(self.prune_fleet_rows(retention_us))
+        return self.fleet.prune_fleet(retention_us)
 
     def prune_fleet_rows(self, retention_us: int) -> FleetPruned:
         """:meth:`prune_fleet`, counted by table (``singlebeat prune`` prints
         them). A missing table raises SchemaError naming the fix."""
-        sql = self.fleet_sql
+        return self.fleet.prune_rows(retention_us)
 
-        def work(conn: Connection) -> FleetPruned:
-            now = int(conn.execute(self.executor.text(sql.now)).scalar_one())
-            params = {"now_us": now, "retention_us": retention_us}
-            replicas = conn.execute(self.executor.text(sql.prune_replicas), params).rowcount
-            conn.execute(self.executor.text(sql.prune_catalogs), params)
-            catalog = conn.execute(self.executor.text(sql.prune_catalog)).rowcount
-            requests = conn.execute(self.executor.text(sql.prune_requests)).rowcount
-            return FleetPruned(int(replicas), int(catalog), int(requests))
-
-        return self.executor.run("prune fleet", work, schema_errors=True)
-
-    def recent_owners(self, window_us: int) -> list[str]:
-        rows = self.executor.run(
-            "recent owners",
-            lambda conn: self._fetch(conn, self.sql.recent_owners, window_us=window_us),
-        )
-        return sorted(str(r[1]) for r in rows if r[1] is not None)
-
-    # -- singleton keys and runs ------------------------------------------------
+    # -- singleton keys and runs (leases.py) -----------------------------------
 
     def acquire_lease(self, key: str, owner: str, ttl_us: int) -> Lease | Busy:
-        grant = uuid.uuid4().hex
-        params = {"key": key, "owner": owner, "grant": grant, "ttl_us": ttl_us}
-        sql = self.lease_sql
-
-        def work(conn: Connection) -> Lease | Busy:
-            if sql.returning:
-                rows = self._fetch(conn, sql.acquire, **params)
-                if not rows:  # SQLite returns nothing when the key is busy
-                    return self._holder(conn, key)
-                now, token, expires, holder, until = rows[0]
-                return self._lease_answer(conn, key, now, token, expires, holder, until)
-            conn.execute(self.executor.text(sql.acquire), params)
-            _now, token, expires, holder, row_grant = self._fetch(conn, sql.lease_row, key=key)[0]
-            if row_grant == grant:
-                return Lease(key, int(token), int(expires))
-            return Busy(str(holder or "?"), int(expires or 0))
-
-        return self.executor.run("acquire lease", work)
-
-    def _lease_answer(
-        self,
-        conn: Connection,
-        key: str,
-        now: Any,
-        token: Any,
-        expires: Any,
-        holder: Any,
-        until: Any,
-    ) -> Lease | Busy:
-        """A PostgreSQL acquisition's answer: the lease, or who holds the key."""
-        if token is not None:
-            return Lease(key, int(token), int(expires))
-        # The holder comes with the answer as the statement's snapshot saw the
-        # row; a row missing or free there was taken by a concurrent acquirer
-        # that committed meanwhile: read it again.
-        if holder is not None and int(until) >= int(now):
-            return Busy(str(holder), int(until))
-        return self._holder(conn, key)
-
-    def _holder(self, conn: Connection, key: str) -> Busy:
-        row = self._fetch(conn, self.lease_sql.lease_row, key=key)[0]
-        return Busy(str(row[3] or "?"), int(row[2] or 0))
+        return self.leases.acquire_lease(key, owner, ttl_us)
 
     def begin_slot(
         self, run: Run, key: str, owner: str, task_id: str, ttl_us: int
     ) -> tuple[RunBegin, Lease | Busy | None]:
-        if not self.lease_sql.begin_slot:
+        if not self.leases.sql.begin_slot:  # no one statement for both: the two calls
             return super().begin_slot(run, key, owner, task_id, ttl_us)
-        params = {
-            **_run_params(run, owner, task_id, ttl_us),
-            "key": key,
-            "grant": uuid.uuid4().hex,
-        }
-
-        def work(conn: Connection) -> tuple[RunBegin, Lease | Busy | None]:
-            row = self._fetch(conn, self.lease_sql.begin_slot, **params)[0]
-            now, run_id, state, holder, outcome, token, expires, key_holder, until = row
-            begin = _run_begin(run, run_id, state, holder, outcome)
-            if begin.status is not RunStatus.STARTED:
-                return begin, None
-            return begin, self._lease_answer(conn, key, now, token, expires, key_holder, until)
-
-        return self.executor.run("begin slot", work)
+        return self.leases.begin_slot(run, key, owner, task_id, ttl_us)
 
     def end_slot(self, run: Run, outcome: str | None, lease: Lease) -> tuple[bool, bool]:
-        if not self.lease_sql.end_slot:
+        if not self.leases.sql.end_slot:  # no one statement for both: the two calls
             return super().end_slot(run, outcome, lease)
-        params = {
-            "entry": run.entry,
-            "slot_us": run.slot_us,
-            "run_id": run.run_id,
-            "abandon": outcome is None,
-            "outcome": outcome or "",
-            "key": lease.key,
-            "token": lease.token,
-        }
-        row = self.executor.run(
-            "end slot", lambda conn: self._fetch(conn, self.lease_sql.end_slot, **params)[0]
-        )
-        return int(row[1]) == 1, int(row[2]) == 1
+        return self.leases.end_slot(run, outcome, lease)
 
     def renew_lease(self, lease: Lease, ttl_us: int) -> Lease | None:
-        params = {"key": lease.key, "token": lease.token, "ttl_us": ttl_us}
-        sql = self.lease_sql
-
-        def work(conn: Connection) -> Lease | None:
-            if sql.returning:
-                rows = self._fetch(conn, sql.renew, **params)
-                if not rows or rows[0][1] is None:
-                    return None
-                return lease._replace(expires_us=int(rows[0][1]))
-            if conn.execute(self.executor.text(sql.renew), params).rowcount != 1:
-                return None
-            row = self._fetch(conn, sql.lease_row, key=lease.key)[0]
-            return lease._replace(expires_us=int(row[2]))
-
-        return self.executor.run("renew lease", work)
+        return self.leases.renew_lease(lease, ttl_us)
 
     def release_lease(self, lease: Lease) -> bool:
-        params = {"key": lease.key, "token": lease.token}
-        return self.executor.run(
-            "release lease",
-            lambda conn: (
-                conn.execute(self.executor.text(self.lease_sql.release), params).rowcount == 1
-            ),
-        )
+        return self.leases.release_lease(lease)
 
     def lease_holds(self, key: str, token: int) -> bool:
-        rows = self.executor.run(
-            "check lease",
-            lambda conn: self._fetch(conn, self.lease_sql.holds, key=key, token=token),
-        )
-        return int(rows[0][1]) > 0
+        return self.leases.lease_holds(key, token)
 
     def begin_run(self, run: Run, owner: str, task_id: str, ttl_us: int) -> RunBegin:
-        params = _run_params(run, owner, task_id, ttl_us)
-        sql = self.lease_sql
-
-        def work(conn: Connection) -> RunBegin:
-            if sql.returning:
-                row = self._fetch(conn, sql.begin_run, **params)[0]
-            else:
-                conn.execute(self.executor.text(sql.begin_run), params)
-                row = self._fetch(conn, sql.run_row, entry=run.entry, slot_us=run.slot_us)[0]
-            _now, run_id, state, holder, outcome = row
-            return _run_begin(run, run_id, state, holder, outcome)
-
-        return self.executor.run("begin run", work)
-
-    def _run_update(self, what: str, statement: str, run: Run, **extra: Any) -> bool:
-        params = {"entry": run.entry, "slot_us": run.slot_us, "run_id": run.run_id, **extra}
-        return self.executor.run(
-            what, lambda conn: conn.execute(self.executor.text(statement), params).rowcount == 1
-        )
+        return self.leases.begin_run(run, owner, task_id, ttl_us)
 
     def renew_run(self, run: Run, ttl_us: int) -> bool:
-        return self._run_update("renew run", self.lease_sql.renew_run, run, ttl_us=ttl_us)
+        return self.leases.renew_run(run, ttl_us)
 
     def finish_run(self, run: Run, outcome: str) -> bool:
-        return self._run_update("finish run", self.lease_sql.finish_run, run, outcome=outcome)
+        return self.leases.finish_run(run, outcome)
 
     def abandon_run(self, run: Run) -> bool:
-        return self._run_update("abandon run", self.lease_sql.abandon_run, run)
+        return self.leases.abandon_run(run)
 
     def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
-        if not records:
-            return []
-        sql = self.lease_sql
-
-        def work(conn: Connection) -> list[RunRecord]:
-            # a worker process's runs of the last window: a few rows, one
-            # statement or two each, in one transaction
-            again: list[RunRecord] = []
-            for record in records:
-                params = {
-                    "entry": record.run.entry,
-                    "slot_us": record.run.slot_us,
-                    "run_id": record.run.run_id,
-                    "state": 0 if record.outcome is None else 1,
-                    "owner": record.owner,
-                    "task_id": record.task_id,
-                    "expires_us": record.expires_us,
-                    "started_us": record.started_us,
-                    "finished_us": record.finished_us,
-                    "outcome": record.outcome,
-                }
-                written = conn.execute(self.executor.text(sql.reinsert_run), params).rowcount == 1
-                if not written and record.outcome is not None:
-                    refinish = conn.execute(self.executor.text(sql.refinish_run), params)
-                    written = refinish.rowcount == 1
-                if written:
-                    again.append(record)
-            return again
-
-        return self.executor.run("write run rows again", work)
+        return self.leases.reassert_runs(records)
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
-        sql = self.lease_sql
+        return self.leases.prune_singletons(retention_us, every_us)
 
-        def work(conn: Connection) -> int | None:
-            if (
-                conn.execute(self.executor.text(sql.prune_turn), {"every_us": every_us}).rowcount
-                != 1
-            ):
-                return None
-            params = {"retention_us": retention_us}
-            runs = conn.execute(self.executor.text(sql.prune_runs), params).rowcount
-            locks = conn.execute(self.executor.text(sql.prune_locks), params).rowcount
-            return int(runs) + int(locks)
-
-        return self.executor.run("prune singletons", work)
-
-    # -- stored schedules (schedules_sql.py) ------------------------------------
+    # -- stored schedules (schedules.py) ---------------------------------------
 
     def write_schedules(
         self,
@@ -917,8 +426,7 @@ class SqlStore(Store):
         return self.schedules.feed(after)
 
     def feed_versions(self) -> int:
-        self.schedule_revision = self.schedules.versions()
-        return self.schedule_revision
+        return self.schedules.versions()
 
     def schedule_log(self, name: str | None = None, limit: int = 100) -> list[ScheduleLogRow]:
         return self.schedules.log(name, limit)
@@ -934,39 +442,11 @@ class SqlStore(Store):
 
     def ping(self) -> int:
         return self.executor.run(
-            "ping", lambda conn: int(self._fetch(conn, self.store_sql.ping)[0][0])
+            "ping", lambda conn: int(fetch(self, conn, self.store_sql.ping)[0][0])
         )
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-def _run_params(run: Run, owner: str, task_id: str, ttl_us: int) -> dict[str, Any]:
-    """The parameters of a statement that starts a run."""
-    return {
-        "entry": run.entry,
-        "slot_us": run.slot_us,
-        "run_id": run.run_id,
-        "owner": owner,
-        "task_id": task_id,
-        "ttl_us": ttl_us,
-    }
-
-
-def _run_begin(run: Run, run_id: Any, state: Any, holder: Any, outcome: Any) -> RunBegin:
-    if run_id == run.run_id:
-        return RunBegin(RunStatus.STARTED, str(holder), outcome)
-    status = RunStatus.FINISHED if int(state) == 1 else RunStatus.RUNNING
-    return RunBegin(status, str(holder), outcome)
-
-
-def _claims(rows: Sequence[Any]) -> list[Claim]:
-    return [Claim(r[1], int(r[2]), int(r[3])) for r in rows if r[1] is not None]
-
-
-def _oldest_first(claims: list[Claim]) -> list[Claim]:
-    # RETURNING gives no order; taken-over slots are published oldest first
-    return sorted(claims, key=lambda c: (c.slot_us, c.entry))
 
 
 def _looks_like_create_race(exc: StoreUnavailable) -> bool:
