@@ -8,7 +8,7 @@ there and write nothing; 80 % intervals of 10 s to 1 h, 20 % crontabs), one
 sent slot row per entry (its latest slot, sent a few ms late) and 5 pauses.
 Then, each the median of 3:
 
-* ``Fleet.status()`` in this process: the statements and the next-slot
+* ``Operator.status()`` in this process: the statements and the next-slot
   computation of every entry (the issue's target: under 2 s);
 * ``python -m celery_singlebeat --url URL status --json`` as a subprocess, end
   to end (interpreter start, imports, the read, 100,000 entries as JSON);
@@ -47,7 +47,7 @@ from bench_scheduler import (  # noqa: E402
     table,
 )
 
-#: the issue's target for Fleet.status with 100,000 entries and 3 replicas
+#: the issue's target for Operator.status with 100,000 entries and 3 replicas
 STATUS_MAX_S = 2.0
 RUNS = 3
 REPLICAS = 3
@@ -231,17 +231,17 @@ def time_status_in_process(url: str, prefix: str, entries: int) -> list[float]:
     from sqlalchemy.engine import make_url
 
     from celery_singlebeat.store.sql import SqlStore
-    from celery_singlebeat.store.sql.operator import Fleet
+    from celery_singlebeat.store.sql.operator import Operator
 
     store = SqlStore(make_url(url), table_prefix=prefix)
-    fleet = Fleet(store)
+    operator = Operator(store)
     try:
-        fleet.status()  # connect and warm the caches once, as a CLI run's first statement would
+        operator.status()  # connect and warm the caches once, as a CLI run's first statement would
         times = []
         for _ in range(RUNS):
             _refresh_replicas(url, prefix)
             began = time.perf_counter()
-            status = fleet.status()
+            status = operator.status()
             times.append(time.perf_counter() - began)
             assert len(status.entries) == entries, len(status.entries)
             assert sum(r.state == "live" for r in status.replicas) == REPLICAS
@@ -335,11 +335,11 @@ def render(results: dict[str, Any]) -> str:
                 [
                     "database",
                     "entries",
-                    "Fleet.status",
+                    "Operator.status",
                     "status --json (process)",
                     "status table (process)",
                     "baseline: replicas --json (process)",
-                    f"Fleet.status < {STATUS_MAX_S:g} s",
+                    f"Operator.status < {STATUS_MAX_S:g} s",
                 ],
                 rows,
             ),

@@ -1,5 +1,5 @@
 """Rows the replicas and workers write, written by hand for the tests of what
-operators read (``store/fleet.py``, the CLI): the tests choose each replica's
+operators read (``store/sql/operator.py``, the CLI): the tests choose each replica's
 liveness, each entry's catalog and each slot's state directly."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from .group import _app_of, target_of
 if TYPE_CHECKING:
     from ..config import Settings
     from ..store.sql import SqlStore
-    from ..store.sql.operator import Fleet
+    from ..store.sql.operator import Operator
 
 
 def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
@@ -52,13 +52,14 @@ def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def fleet_of(ctx: click.Context, **overrides: Any) -> Iterator[Fleet]:
-    """The fleet of the command's database, closed afterwards. Every error in
-    the block becomes one line naming the database (its secrets masked)."""
-    from ..store.sql.operator import Fleet
+def operator_of(ctx: click.Context, **overrides: Any) -> Iterator[Operator]:
+    """The operator's reads and controls over the command's database, its
+    store closed afterwards. Every error in the block becomes one line naming
+    the database (its secrets masked)."""
+    from ..store.sql.operator import Operator
 
     with store_of(ctx, **overrides) as (store, _settings):
-        yield Fleet(store)
+        yield Operator(store)
 
 
 class Refused(click.ClickException):

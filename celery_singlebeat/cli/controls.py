@@ -1,8 +1,8 @@
 """``singlebeat pause``, ``resume`` and ``run``: steering the fleet.
 
-Each is one transaction in the shared database (``store/fleet.py``), which
-the replicas notice at their next heartbeat (at once on PostgreSQL, which
-notifies them).
+Each is one transaction in the shared database (``store/sql/operator.py``),
+which the replicas notice at their next heartbeat (at once on PostgreSQL,
+which notifies them).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import click
 
 from ..store.author import default_author
 from . import output
-from .connect import fleet_of
+from .connect import operator_of
 from .durations import InstantOrDuration, When
 from .group import singlebeat
 from .status import json_option
@@ -62,8 +62,8 @@ def pause_command(
 
     _entries_or_all(entries, every, "pause")
     names = [PAUSE_ALL] if every else list(entries)
-    with fleet_of(ctx) as fleet:
-        result = fleet.pause(
+    with operator_of(ctx) as operator:
+        result = operator.pause(
             names,
             None if until is None or until.relative else until.value_us,
             by or default_author(),
@@ -102,8 +102,8 @@ def resume_command(
     An entry stays paused while the pause of every entry ('*') is in force;
     `resume '*'` or `resume --all` lifts that one."""
     _entries_or_all(entries, every, "resume")
-    with fleet_of(ctx) as fleet:
-        result = fleet.resume(None if every else list(entries))
+    with operator_of(ctx) as operator:
+        result = operator.resume(None if every else list(entries))
         if as_json:
             output.emit_json(
                 {
@@ -144,8 +144,8 @@ def run_command(ctx: click.Context, entry: str, reason: str, by: str | None, as_
     A replica that has the entry sends it at its next sweep (within a third of
     singlebeat_lease), with the entry's task, arguments and options, under the
     task id printed here. Refused while the entry is paused."""
-    with fleet_of(ctx) as fleet:
-        result = fleet.run_now(entry, by or default_author(), reason)
+    with operator_of(ctx) as operator:
+        result = operator.run_now(entry, by or default_author(), reason)
         if as_json:
             output.emit_json(
                 {

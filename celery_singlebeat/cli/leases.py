@@ -7,7 +7,7 @@ import sys
 import click
 
 from . import output
-from .connect import fleet_of
+from .connect import operator_of
 from .group import singlebeat
 from .status import json_option, output_instant
 
@@ -17,9 +17,9 @@ from .status import json_option, output_instant
 @click.pass_context
 def leases_command(ctx: click.Context, as_json: bool) -> None:
     """SingletonTask keys: who holds each, until when, under which token."""
-    with fleet_of(ctx) as fleet:
-        now = fleet.now_us()
-        leases = fleet.leases(now_us=now)
+    with operator_of(ctx) as operator:
+        now = operator.now_us()
+        leases = operator.leases(now_us=now)
         if as_json:
             output.emit_json(
                 {**output_instant("now", now), "leases": [output.lease_json(x) for x in leases]}
@@ -56,11 +56,11 @@ def release_command(ctx: click.Context, key: str, yes: bool) -> None:
     For a holder that is stuck or gone: another execution may take the key at
     once. The running task is not stopped; its next renewal finds the lease
     lost, and its check()/guard() raise LeaseLost. Asks first, unless --yes."""
-    with fleet_of(ctx) as fleet:
-        now = fleet.now_us()
-        lease = fleet.lease(key, now_us=now)
+    with operator_of(ctx) as operator:
+        now = operator.now_us()
+        lease = operator.lease(key, now_us=now)
         if lease is None:
-            fleet.release_lease(key)  # refuses, naming the keys closest to it
+            operator.release_lease(key)  # refuses, naming the keys closest to it
             return
         if lease.state != "held":
             click.echo(f"singleton key {key!r} is not held ({lease.state}); nothing to release")
@@ -77,7 +77,7 @@ def release_command(ctx: click.Context, key: str, yes: bool) -> None:
                 "until its next renewal finds the lease lost",
                 abort=True,
             )
-        if fleet.release_lease(key):
+        if operator.release_lease(key):
             click.echo(f"released {key!r} (was held by {lease.holder}, token {lease.token})")
         else:
             click.echo(f"singleton key {key!r} was no longer held; nothing released")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .connect import fleet_of, settings_of
+from .connect import operator_of, settings_of
 from .durations import Duration
 from .group import singlebeat
 from .output import span
@@ -40,8 +40,8 @@ def prune_command(ctx: click.Context, retention: int | None, run_retention: int 
     if run_retention is not None:
         overrides["singlebeat_run_retention"] = run_retention / 1_000_000
     settings = settings_of(ctx, **overrides)
-    with fleet_of(ctx, **overrides) as fleet:
-        report = fleet.prune(settings.retention_us, settings.run_retention_us)
+    with operator_of(ctx, **overrides) as operator:
+        report = operator.prune(settings.retention_us, settings.run_retention_us)
     click.echo(
         f"pruned {report.slots:,} slot row(s) sent more than {span(settings.retention_us)} ago, "
         f"{report.singleton_rows:,} SingletonTask row(s) older than "

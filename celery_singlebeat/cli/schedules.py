@@ -291,7 +291,7 @@ def _show_static(
     ctx: click.Context, schedules: Schedules, name: str, count: int, as_json: bool
 ) -> None:
     from ..exceptions import ScheduleNotFound
-    from ..store.sql.operator import Fleet
+    from ..store.sql.operator import Operator
     from ..timeline.clock import us_to_datetime
 
     app = _app_of(ctx)
@@ -303,7 +303,7 @@ def _show_static(
     entry = ScheduleEntry(name=name, app=app, **static[name])
     # an interval's grid is the fleet's: its next slot is on it
     anchor = None
-    status = {e.name: e for e in Fleet(schedules.store).status().entries}  # type: ignore[arg-type]
+    status = {e.name: e for e in Operator(schedules.store).status().entries}  # type: ignore[arg-type]
     next_slot_us = status[name].next_slot_us if name in status else None
     if next_slot_us is not None:
         anchor = us_to_datetime(next_slot_us)

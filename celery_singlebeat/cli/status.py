@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import output
-from .connect import fleet_of
+from .connect import operator_of
 from .durations import InstantOrDuration, When
 from .group import _app_of, singlebeat
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ..store.sql.operator import EntryStatus, Fleet, ReplicaStatus
+    from ..store.sql.operator import EntryStatus, Operator, ReplicaStatus
 
 #: entries a human status shows unless told otherwise (JSON shows all)
 STATUS_ROWS = 50
@@ -36,10 +36,10 @@ json_option = click.option(
 @click.pass_context
 def status_command(ctx: click.Context, limit: int | None, show_all: bool, as_json: bool) -> None:
     """Every entry (next due first), the replicas and the pauses."""
-    with fleet_of(ctx) as fleet:
-        status = fleet.status()
+    with operator_of(ctx) as operator:
+        status = operator.status()
         entries = with_stored(
-            status.entries, fleet, status.now_us, _app_of(ctx), len(_live(status.replicas))
+            status.entries, operator, status.now_us, _app_of(ctx), len(_live(status.replicas))
         )
         if as_json:
             shown = entries if show_all or limit is None else entries[:limit]
@@ -108,7 +108,7 @@ def status_command(ctx: click.Context, limit: int | None, show_all: bool, as_jso
 
 
 def with_stored(
-    entries: list[EntryStatus], fleet: Fleet, now_us: int, app: Any, live: int
+    entries: list[EntryStatus], operator: Operator, now_us: int, app: Any, live: int
 ) -> list[EntryStatus]:
     """``entries`` with the stored entries' task, schedule and next slot, which
     no catalog lists (every replica reads them from their table): the next
@@ -123,7 +123,7 @@ def with_stored(
     from ..store.sql.operator import DUE_SLACK_US
     from ..timeline.clock import us_to_datetime
 
-    rows, _ = fleet.store.schedule_rows()
+    rows, _ = operator.store.schedule_rows()
     if not rows:
         return entries
     stored = {row.name: row for row in rows}
@@ -154,7 +154,7 @@ def with_stored(
                 next_known=True,
             )
         )
-    # as the fleet sorts: by name, then (stable) overdue by the slot they
+    # as Operator.status sorts: by name, then (stable) overdue by the slot they
     # missed, the others by their next slot, unknown last
     out.sort(key=lambda e: e.name)
     out.sort(key=_due)
@@ -292,9 +292,9 @@ def _replicas_table(replicas: list[ReplicaStatus], now: int) -> str:
 @click.pass_context
 def replicas_command(ctx: click.Context, as_json: bool) -> None:
     """The beat processes: live, stopped (graceful), or lost (not seen lately)."""
-    with fleet_of(ctx) as fleet:
-        now = fleet.now_us()
-        replicas = fleet.replicas(now_us=now)
+    with operator_of(ctx) as operator:
+        now = operator.now_us()
+        replicas = operator.replicas(now_us=now)
         if as_json:
             output.emit_json(
                 {
@@ -326,12 +326,12 @@ def history_command(
 
     Only what the database keeps: sent rows for singlebeat_retention, claimed
     rows until they are sent. A row keeps its last owner only."""
-    with fleet_of(ctx) as fleet:
-        now = fleet.now_us()
+    with operator_of(ctx) as operator:
+        now = operator.now_us()
         since_us = None
         if since is not None:
             since_us = now - since.value_us if since.relative else since.value_us
-        rows = fleet.history(entry, since_us=since_us, limit=limit, now_us=now)
+        rows = operator.history(entry, since_us=since_us, limit=limit, now_us=now)
         if as_json:
             output.emit_json(
                 {**output_instant("now", now), "slots": [output.history_json(r) for r in rows]}

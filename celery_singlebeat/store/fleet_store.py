@@ -4,8 +4,8 @@ What a replica writes so that the others and the operator know it (its
 heartbeat, its graceful stop, the catalog of its entries), what it reads of
 the operator's controls (the pauses, the control version, and on PostgreSQL a
 channel that hears each control change at its commit), and the prune of the
-fleet's rows. The operator's side of the same rows is ``Fleet`` (``store/fleet.py``).
-The suite: ``tests/integration/test_fleet_contract.py``.
+fleet's rows. The operator's side of the same rows is ``Operator``
+(``store/sql/operator.py``). The suite: ``tests/integration/test_fleet_contract.py``.
 
 Every method but :meth:`FleetStore.listen` has a default, so a store written
 for an earlier release that kept no fleet rows still serves the scheduler: it

@@ -21,7 +21,7 @@ from harness import US, Rig, wait_connected, wait_for
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.exceptions import ControlError
-from celery_singlebeat.store.sql.operator import Fleet
+from celery_singlebeat.store.sql.operator import Operator
 
 RARE = "rare-0"
 #: the retention the others prune with: shorter than the cut below
@@ -29,10 +29,10 @@ RETENTION_S = 2.0
 CUT_S = RETENTION_S + 2.0
 
 
-def _refused(fleet: Fleet, entry: str) -> str | None:
+def _refused(operator: Operator, entry: str) -> str | None:
     """None when a run-now of ``entry`` is accepted, else the refusal."""
     try:
-        fleet.run_now(entry, by="test", reason="issue 23")
+        operator.run_now(entry, by="test", reason="issue 23")
     except ControlError as exc:
         return str(exc)
     return None
@@ -54,10 +54,10 @@ def test_a_replica_cut_off_past_the_retention_writes_its_rows_again(
     wait_connected([beat])
     rows = FleetRows(pg_url, table_prefix)
     try:
-        fleet = Fleet(rows.store)
+        operator = Operator(rows.store)
         replica = wait_for(beat.replica_id, 10, "the replica's id in its log")
         wait_for(
-            lambda: [r.id for r in fleet.status().replicas if r.state == "live"] == [replica],
+            lambda: [r.id for r in operator.status().replicas if r.state == "live"] == [replica],
             15,
             "the replica's heartbeat",
             interval=0.2,
@@ -69,7 +69,7 @@ def test_a_replica_cut_off_past_the_retention_writes_its_rows_again(
         pruned = wait_for(
             lambda: (
                 time.monotonic() - cut_at >= CUT_S
-                and (report := fleet.prune_fleet(int(RETENTION_S * US))).replicas == 1
+                and (report := operator.prune_fleet(int(RETENTION_S * US))).replicas == 1
                 and report
             ),
             CUT_S + 10,
@@ -77,8 +77,8 @@ def test_a_replica_cut_off_past_the_retention_writes_its_rows_again(
             interval=0.2,
         )
         assert pruned.catalog == 2, pruned  # probe-0 and rare-0: its catalog is gone
-        assert fleet.status().replicas == []
-        refusal = _refused(fleet, RARE)
+        assert operator.status().replicas == []
+        refusal = _refused(operator, RARE)
         assert refusal is not None and "no live replica has the entry" in refusal, refusal
 
         restored_at = time.monotonic()
@@ -86,7 +86,9 @@ def test_a_replica_cut_off_past_the_retention_writes_its_rows_again(
         wait_for(lambda: beat.lines("reachable again"), 10, "the replica to reconnect")
         # Its catalog and row again within its first tick back: run-now accepted,
         # and the run sent (a sweep takes the request).
-        wait_for(lambda: _refused(fleet, RARE) is None, 5, "run-now to be accepted", interval=0.1)
+        wait_for(
+            lambda: _refused(operator, RARE) is None, 5, "run-now to be accepted", interval=0.1
+        )
         accepted_after = time.monotonic() - restored_at
         wait_for(
             lambda: [m for m in reader.messages() if m.entry == RARE],
@@ -94,7 +96,7 @@ def test_a_replica_cut_off_past_the_retention_writes_its_rows_again(
             "the run-now request to be sent",
             interval=0.2,
         )
-        [row] = [r for r in fleet.status().replicas if r.id == replica]
+        [row] = [r for r in operator.status().replicas if r.id == replica]
         assert row.state == "live", row
         print(f"cut off {CUT_S:g}s, pruned; run-now accepted {accepted_after:.2f}s after restore")
     finally:

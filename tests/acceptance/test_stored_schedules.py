@@ -32,7 +32,7 @@ from harness import US, Rig, wait_connected, wait_for
 
 from celery_singlebeat import Schedules
 from celery_singlebeat.exceptions import InvalidEntry
-from celery_singlebeat.store.sql.operator import Fleet
+from celery_singlebeat.store.sql.operator import Operator
 
 #: replicas are given up to this long to follow a commit (the promise: 1 s)
 EFFECT_US = 1 * US
@@ -44,7 +44,7 @@ def run_now_within_a_second(schedules: Schedules, reader: Any, entry: str) -> An
     """Ask for a run now of ``entry`` and wait for its message: sent within a
     second of the commit (the feed read's bound, on every database), plus a
     quarter second for a tick delayed on a loaded machine. The request."""
-    run = Fleet(schedules.store).run_now(entry, by="test", reason="now")  # type: ignore[arg-type]
+    run = Operator(schedules.store).run_now(entry, by="test", reason="now")  # type: ignore[arg-type]
     asked = time.time()
     message = wait_for(
         lambda: next((m for m in reader.messages() if m.at_us == run.slot_us), None),

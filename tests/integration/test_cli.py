@@ -24,7 +24,7 @@ from fleet_rows import FleetRows, cron, every
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.cli import singlebeat
-from celery_singlebeat.store.sql.operator import Fleet
+from celery_singlebeat.store.sql.operator import Operator
 from celery_singlebeat.timeline.clock import US, datetime_to_us
 
 A, B, C = "pod-a:11:aa", "pod-b:12:bb", "pod-c:13:cc"
@@ -108,7 +108,7 @@ def instant_ok(doc: dict[str, Any], name: str) -> None:
 
 
 def test_status_shows_entries_replicas_and_pauses(rows: FleetRows) -> None:
-    Fleet(rows.store).pause(["report"], None, "ops@host", "migration")
+    Operator(rows.store).pause(["report"], None, "ops@host", "migration")
     out = ok(run(rows, "status"))
     header, table, *_others = out.split("\n\n")
     assert "(database clock): 1 replica(s) live, 1 lost, 1 stopped; 4 entries" in header
@@ -301,7 +301,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
 def test_release_and_prune(rows: FleetRows) -> None:
     out = ok(run(rows, "release", "proj.billing", "--yes"))
     assert re.fullmatch(r"released 'proj.billing' \(was held by w1, token \d+\)\n", out), out
-    assert Fleet(rows.store).lease("proj.billing").state == "released"  # type: ignore[union-attr]
+    assert Operator(rows.store).lease("proj.billing").state == "released"  # type: ignore[union-attr]
     again = ok(run(rows, "release", "proj.billing", "--yes"))
     assert again == "singleton key 'proj.billing' is not held (released); nothing to release\n"
     assert "is not held (expired)" in ok(run(rows, "release", "proj.old"))

@@ -1,6 +1,6 @@
-"""The fleet side of the store (``celery_singlebeat/store/fleet.py``) against
-SQLite, PostgreSQL and MariaDB: what operators read, and the controls, each one
-transaction that validates, writes and raises the control version.
+"""The operator's side of the store (``celery_singlebeat/store/sql/operator.py``)
+against SQLite, PostgreSQL and MariaDB: what operators read, and the controls,
+each one transaction that validates, writes and raises the control version.
 
 The replicas' rows are written by hand (``tests/fleet_rows.py``), so that each
 test chooses which replica is live, lost or stopped and what each catalog says.
@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from celery_singlebeat.exceptions import ControlError, SchemaError, StoreUnavailable
 from celery_singlebeat.store.base import PAUSE_ALL, controls_channel
 from celery_singlebeat.store.sql import SqlStore
-from celery_singlebeat.store.sql.operator import DUE_SLACK_US, Fleet
+from celery_singlebeat.store.sql.operator import DUE_SLACK_US, Operator
 from celery_singlebeat.timeline.clock import US
 from celery_singlebeat.timeline.slots import slot_task_id
 
@@ -40,8 +40,8 @@ def rows(db_url: str, table_prefix: str) -> Iterator[FleetRows]:
 
 
 @pytest.fixture
-def fleet(rows: FleetRows) -> Fleet:
-    return Fleet(rows.store)
+def operator(rows: FleetRows) -> Operator:
+    return Operator(rows.store)
 
 
 def live_fleet(rows: FleetRows, now: int) -> None:
@@ -58,7 +58,7 @@ def live_fleet(rows: FleetRows, now: int) -> None:
     rows.catalog(B, "lonely", every(10))
 
 
-def test_status_reads_every_entry_replica_and_pause(rows: FleetRows, fleet: Fleet) -> None:
+def test_status_reads_every_entry_replica_and_pause(rows: FleetRows, operator: Operator) -> None:
     now = rows.now_us()
     anchor = now - 95 * US
     live_fleet(rows, now)
@@ -83,9 +83,9 @@ def test_status_reads_every_entry_replica_and_pause(rows: FleetRows, fleet: Flee
     # held: overdue like stale, but paused: not called overdue
     rows.entry("held", anchor)
     rows.catalog(A, "held", every(10))
-    fleet.pause(["held"], None, "ops@host", "migration")
+    operator.pause(["held"], None, "ops@host", "migration")
 
-    status = fleet.status(now_us=now)
+    status = operator.status(now_us=now)
     assert status.now_us == now
     by_name = {e.name: e for e in status.entries}
     assert set(by_name) == {
@@ -161,37 +161,37 @@ def test_status_reads_every_entry_replica_and_pause(rows: FleetRows, fleet: Flee
 
     # by default the database's clock, read in the same round trips
     before = rows.now_us()
-    assert before <= fleet.status().now_us <= rows.now_us()
+    assert before <= operator.status().now_us <= rows.now_us()
 
 
 def test_a_pause_of_every_entry_pauses_each_and_expired_pauses_do_not(
-    rows: FleetRows, fleet: Fleet
+    rows: FleetRows, operator: Operator
 ) -> None:
     now = rows.now_us()
     live_fleet(rows, now)
-    fleet.pause([PAUSE_ALL], now + 10 * MINUTE, "ops", "deploy")
-    fleet.pause(["report"], now + 20 * US, "ops", "short")
-    status = fleet.status(now_us=now)
+    operator.pause([PAUSE_ALL], now + 10 * MINUTE, "ops", "deploy")
+    operator.pause(["report"], now + 20 * US, "ops", "short")
+    status = operator.status(now_us=now)
     assert {e.name: e.pause.entry for e in status.entries if e.pause} == {
         "report": "report",
         "nightly": "*",
         "lonely": "*",
     }
     # once its own pause expired, report is paused by '*' only
-    later = fleet.status(now_us=now + 21 * US)
+    later = operator.status(now_us=now + 21 * US)
     assert {e.name: e.pause.entry for e in later.entries if e.pause}["report"] == "*"
     assert [p.entry for p in later.pauses] == ["*"]
 
 
-def test_history_states_requesters_and_filters(rows: FleetRows, fleet: Fleet) -> None:
+def test_history_states_requesters_and_filters(rows: FleetRows, operator: Operator) -> None:
     now = rows.now_us()
     live_fleet(rows, now)
     rows.slot("report", now - 30 * US, owner=A, sent_us=now - 30 * US + 2000)
     rows.slot("report", now - 20 * US, owner=B, fence=2, lease_until_us=now - US)
     rows.slot("nightly", now - 10 * US, owner=A, lease_until_us=now + 10 * US)
-    asked = fleet.run_now("report", "ops@host", "catch up")
+    asked = operator.run_now("report", "ops@host", "catch up")
 
-    history = fleet.history(now_us=asked.requested_us)
+    history = operator.history(now_us=asked.requested_us)
     assert [(h.entry, h.state) for h in history] == [
         ("report", "requested"),
         ("nightly", "claimed"),
@@ -208,14 +208,14 @@ def test_history_states_requesters_and_filters(rows: FleetRows, fleet: Fleet) ->
     assert sent.task_id == slot_task_id("report", now - 30 * US)
     assert sent.requested_by is None
 
-    assert [h.state for h in fleet.history("report")] == ["requested", "abandoned", "sent"]
-    assert [h.entry for h in fleet.history(since_us=now - 15 * US)] == ["report", "nightly"]
-    assert [h.state for h in fleet.history(limit=2)] == ["requested", "claimed"]
-    assert fleet.history("nobody") == []
+    assert [h.state for h in operator.history("report")] == ["requested", "abandoned", "sent"]
+    assert [h.entry for h in operator.history(since_us=now - 15 * US)] == ["report", "nightly"]
+    assert [h.state for h in operator.history(limit=2)] == ["requested", "claimed"]
+    assert operator.history("nobody") == []
 
 
 def test_controls_validate_change_nothing_on_refusal_and_raise_the_version(
-    rows: FleetRows, fleet: Fleet
+    rows: FleetRows, operator: Operator
 ) -> None:
     now = rows.now_us()
     live_fleet(rows, now)
@@ -225,21 +225,21 @@ def test_controls_validate_change_nothing_on_refusal_and_raise_the_version(
     with pytest.raises(
         ControlError, match=r"'reprot' \(did you mean 'report'\?\); nothing changed"
     ):
-        fleet.pause(["report", "reprot"], None, "ops")
+        operator.pause(["report", "reprot"], None, "ops")
     # an entry only a lost replica has is unknown to the live fleet
     with pytest.raises(ControlError, match="no live replica has the entry 'lonely'"):
-        fleet.pause(["lonely"], None, "ops")
+        operator.pause(["lonely"], None, "ops")
     with pytest.raises(ControlError, match="in the past"):
-        fleet.pause(["report"], now - US, "ops")
+        operator.pause(["report"], now - US, "ops")
     with pytest.raises(ControlError, match="reason"):
-        fleet.pause(["report"], None, "ops", "x" * 501)
+        operator.pause(["report"], None, "ops", "x" * 501)
     with pytest.raises(ControlError, match="'nope'"):
-        fleet.run_now("nope", "ops")
+        operator.run_now("nope", "ops")
     assert rows.select(rows.tables.pauses) == [] and rows.select(rows.tables.slots) == []
     assert rows.controls_version() == start
 
     # pause: one row per entry, the version raised once per control
-    paused = fleet.pause(["report", "nightly"], None, "ops@host", "migration", for_us=MINUTE)
+    paused = operator.pause(["report", "nightly"], None, "ops@host", "migration", for_us=MINUTE)
     assert [p.entry for p in paused.pauses] == ["report", "nightly"]
     assert paused.controls_version == rows.controls_version() == start + 1
     row = {r.entry: r for r in rows.select(rows.tables.pauses)}["report"]
@@ -248,16 +248,16 @@ def test_controls_validate_change_nothing_on_refusal_and_raise_the_version(
 
     # run now refuses a paused entry, saying by whom and why
     with pytest.raises(ControlError, match="'report' is paused by ops@host: migration"):
-        fleet.run_now("report", "ops")
+        operator.run_now("report", "ops")
 
     # resume: the pause of all entries keeps them paused, and the result says so
-    fleet.pause([PAUSE_ALL], None, "ops", "freeze")
-    resumed = fleet.resume(["report"])
+    operator.pause([PAUSE_ALL], None, "ops", "freeze")
+    resumed = operator.resume(["report"])
     assert resumed.resumed == ["report"] and resumed.not_paused == []
     assert resumed.still_paused_by is not None and resumed.still_paused_by.reason == "freeze"
     with pytest.raises(ControlError, match=r"paused \(with every entry: '\*'\) by ops: freeze"):
-        fleet.run_now("report", "ops")
-    again = fleet.resume(["report", PAUSE_ALL])
+        operator.run_now("report", "ops")
+    again = operator.resume(["report", PAUSE_ALL])
     assert again.resumed == [PAUSE_ALL] and again.not_paused == ["report"]
     assert again.still_paused_by is None
     assert [r.entry for r in rows.select(rows.tables.pauses)] == ["nightly"]
@@ -266,14 +266,14 @@ def test_controls_validate_change_nothing_on_refusal_and_raise_the_version(
     rows._insert(
         rows.tables.pauses, entry="removed", until_us=None, paused_by="x", reason="", at_us=now
     )
-    assert fleet.resume(["removed"]).resumed == ["removed"]
+    assert operator.resume(["removed"]).resumed == ["removed"]
     with pytest.raises(ControlError, match="'never-there'"):
-        fleet.resume(["never-there"])
-    everything = fleet.resume(None)
+        operator.resume(["never-there"])
+    everything = operator.resume(None)
     assert everything.resumed == ["nightly"] and rows.select(rows.tables.pauses) == []
 
     # run now: an abandoned slot row nobody held, and who asked
-    asked = fleet.run_now("report", "ops@host", "catch up")
+    asked = operator.run_now("report", "ops@host", "catch up")
     slot = rows.select(rows.tables.slots)[0]
     assert (slot.entry, slot.slot_us, slot.state, slot.owner, slot.fence) == (
         "report",
@@ -295,23 +295,23 @@ def test_controls_validate_change_nothing_on_refusal_and_raise_the_version(
 
 
 def test_run_now_takes_the_next_free_microsecond(
-    rows: FleetRows, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    rows: FleetRows, operator: Operator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = rows.now_us()
     live_fleet(rows, now)
     # the database's clock read as one instant, for which rows exist already
     fixed = now + US  # A stays live at that instant
-    monkeypatch.setattr(fleet, "_now", lambda conn: fixed)
+    monkeypatch.setattr(operator, "_now", lambda conn: fixed)
     rows.slot("report", fixed, owner=A, sent_us=fixed + 1000)
     rows.slot("report", fixed + 1, owner=A, sent_us=fixed + 1000)
-    first = fleet.run_now("report", "ops")
-    second = fleet.run_now("report", "ops")
+    first = operator.run_now("report", "ops")
+    second = operator.run_now("report", "ops")
     assert (first.slot_us, second.slot_us) == (fixed + 2, fixed + 3)
     assert first.task_id != second.task_id
 
 
 def test_a_failed_control_rolls_back_and_leaves_the_pool_clean(
-    rows: FleetRows, fleet: Fleet
+    rows: FleetRows, operator: Operator
 ) -> None:
     now = rows.now_us()
     live_fleet(rows, now)
@@ -320,12 +320,12 @@ def test_a_failed_control_rolls_back_and_leaves_the_pool_clean(
     with rows.engine.begin() as conn:
         conn.execute(text(f"DROP TABLE {rows.prefix}requests"))
     with pytest.raises(SchemaError, match="create-schema"):
-        fleet.run_now("report", "ops")
+        operator.run_now("report", "ops")
     assert rows.select(rows.tables.slots) == []
     assert rows.controls_version() == start
     # the connection went back to the pool outside any transaction: the next
     # control commits (an aborted PostgreSQL transaction would refuse it)
-    assert fleet.pause(["report"], None, "ops").controls_version == start + 1
+    assert operator.pause(["report"], None, "ops").controls_version == start + 1
     assert len(rows.select(rows.tables.pauses)) == 1
     rows.tables.requests.create(rows.engine)
 
@@ -335,15 +335,15 @@ def test_controls_notify_the_replicas_at_commit_on_postgres(pg_url: str, table_p
     try:
         now = rows.now_us()
         live_fleet(rows, now)
-        fleet = Fleet(rows.store)
+        operator = Operator(rows.store)
         channel = controls_channel(table_prefix)
         conninfo = make_url(pg_url).set(drivername="postgresql").render_as_string(False)
         with psycopg.connect(conninfo, autocommit=True) as listener:
             listener.execute(f'LISTEN "{channel}"')
-            fleet.pause(["report"], None, "ops")
-            fleet.resume(["report"])
+            operator.pause(["report"], None, "ops")
+            operator.resume(["report"])
             with pytest.raises(ControlError):
-                fleet.run_now("nope", "ops")
+                operator.run_now("nope", "ops")
             got: list[Any] = []
             deadline = time.monotonic() + 5
             while len(got) < 2 and time.monotonic() < deadline:
@@ -355,30 +355,30 @@ def test_controls_notify_the_replicas_at_commit_on_postgres(pg_url: str, table_p
         rows.close()
 
 
-def test_leases_and_releasing_one_by_hand(rows: FleetRows, fleet: Fleet) -> None:
+def test_leases_and_releasing_one_by_hand(rows: FleetRows, operator: Operator) -> None:
     now = rows.now_us()
     rows.lock("proj.billing", owner="w1", token=now, expires_us=now + MINUTE, acquired_us=now)
     rows.lock("proj.old", owner="w2", token=now - 9, expires_us=now - US, acquired_us=now - MINUTE)
     rows.lock("proj.done", owner="w3", token=now - 5, expires_us=0, acquired_us=now - MINUTE)
-    assert [(x.key, x.state, x.holder) for x in fleet.leases()] == [
+    assert [(x.key, x.state, x.holder) for x in operator.leases()] == [
         ("proj.billing", "held", "w1"),
         ("proj.done", "released", "w3"),
         ("proj.old", "expired", "w2"),
     ]
-    assert fleet.lease("proj.billing") is not None and fleet.lease("proj.x") is None
-    assert fleet.release_lease("proj.billing") is True
-    assert fleet.lease("proj.billing").state == "released"  # type: ignore[union-attr]
+    assert operator.lease("proj.billing") is not None and operator.lease("proj.x") is None
+    assert operator.release_lease("proj.billing") is True
+    assert operator.lease("proj.billing").state == "released"  # type: ignore[union-attr]
     # the token is left as it was: the next holder's is larger still
-    assert fleet.lease("proj.billing").token == now  # type: ignore[union-attr]
-    assert fleet.release_lease("proj.billing") is False
-    assert fleet.release_lease("proj.old") is False
-    assert fleet.lease("proj.old").state == "expired"  # type: ignore[union-attr]
+    assert operator.lease("proj.billing").token == now  # type: ignore[union-attr]
+    assert operator.release_lease("proj.billing") is False
+    assert operator.release_lease("proj.old") is False
+    assert operator.lease("proj.old").state == "expired"  # type: ignore[union-attr]
     with pytest.raises(ControlError, match=r"'proj.bililng' \(did you mean 'proj.billing'"):
-        fleet.release_lease("proj.bililng")
+        operator.release_lease("proj.bililng")
 
 
 def test_prune_deletes_at_once_what_the_periodic_prunes_delete(
-    rows: FleetRows, fleet: Fleet
+    rows: FleetRows, operator: Operator
 ) -> None:
     now = rows.now_us()
     retention = 15 * MINUTE
@@ -410,7 +410,7 @@ def test_prune_deletes_at_once_what_the_periodic_prunes_delete(
     with rows.engine.begin() as conn:
         conn.execute(meta.update().where(meta.c.key == "prune").values(value_us=now + 3600 * US))
 
-    report = fleet.prune(retention, 7 * 86_400 * US)
+    report = operator.prune(retention, 7 * 86_400 * US)
     assert (report.slots, report.singleton_rows) == (1, 1)
     assert (report.fleet.replicas, report.fleet.catalog, report.fleet.requests) == (2, 3, 1)
     assert {r.id for r in rows.select(rows.tables.replicas)} == {A, D}
@@ -422,7 +422,7 @@ def test_prune_deletes_at_once_what_the_periodic_prunes_delete(
     assert rows.select(rows.tables.locks) == []
     # again: nothing left to delete; the store's method (the replicas' periodic
     # prune) deletes the same rows
-    assert fleet.prune(retention, 7 * 86_400 * US).fleet == (0, 0, 0)
+    assert operator.prune(retention, 7 * 86_400 * US).fleet == (0, 0, 0)
     rows.replica(B, seen_us=old)
     rows.catalog(B, "report", every(10))
     assert rows.store.prune_fleet(retention) == 2
@@ -430,9 +430,10 @@ def test_prune_deletes_at_once_what_the_periodic_prunes_delete(
 
 def test_missing_tables_say_to_create_the_schema(db_url: str, table_prefix: str) -> None:
     store = SqlStore(make_url(db_url), table_prefix=table_prefix)
-    fleet = Fleet(store)
+    operator = Operator(store)
     try:
-        for call in (fleet.status, fleet.replicas, lambda: fleet.pause(["x"], None, "ops")):
+        calls = (operator.status, operator.replicas, lambda: operator.pause(["x"], None, "ops"))
+        for call in calls:
             with pytest.raises(SchemaError, match="create-schema") as caught:
                 call()
             assert "\n" not in str(caught.value)
@@ -445,7 +446,7 @@ def test_an_unreachable_database_is_store_unavailable_without_its_password() -> 
     url = make_url(PG_URL).set(password="S3cret-pw", port=1)
     store = SqlStore(url, table_prefix="sb_")
     try:
-        for call in (Fleet(store).status, lambda: Fleet(store).run_now("x", "ops")):
+        for call in (Operator(store).status, lambda: Operator(store).run_now("x", "ops")):
             with pytest.raises(StoreUnavailable) as caught:
                 call()
             assert "S3cret-pw" not in str(caught.value) and "refused" in str(caught.value)

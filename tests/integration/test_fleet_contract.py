@@ -29,7 +29,7 @@ from celery_singlebeat.store.base import (
     controls_channel,
 )
 from celery_singlebeat.store.sql import SqlStore
-from celery_singlebeat.store.sql.operator import Fleet
+from celery_singlebeat.store.sql.operator import Operator as SqlOperator
 from celery_singlebeat.store.sql.schema import Tables
 from celery_singlebeat.testing import MemoryStore
 from celery_singlebeat.timeline.clock import US
@@ -280,7 +280,7 @@ def test_a_listener_hears_each_control_change_at_its_commit(backend: Backend) ->
         # another replica's view writes the controls, as the CLI does
         other = backend.open()
         assert isinstance(other, SqlStore)
-        operator = Fleet(other)
+        operator = SqlOperator(other)
         assert listener.poll() is False  # idle: nothing was committed since listen()
         operator.pause([PAUSE_ALL], None, by="op")
         wait_for(listener.poll, "the pause heard")
@@ -377,7 +377,7 @@ def test_behind_pgbouncer_in_transaction_mode_a_listener_hears_nothing_but_its_p
         assert isinstance(listener, ControlListener)
         try:
             listener.probe()
-            Fleet(store).pause([PAUSE_ALL], None, by="op")
+            SqlOperator(store).pause([PAUSE_ALL], None, by="op")
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
                 assert listener.poll() is False

@@ -1,4 +1,4 @@
-"""How ``Fleet.status`` turns the database's rows into entries (no database):
+"""How ``Operator.status`` turns the database's rows into entries (no database):
 the next slot, "overdue", pauses, pruned slots and the order, against the
 slot sequences the replicas themselves use."""
 

@@ -1,9 +1,10 @@
-"""How the SQL store and the fleet send statements: one executor, one retry loop.
+"""How the SQL store and the operator send statements: one executor, one retry loop.
 
-Both :class:`~.sql.SqlStore` (the replicas' and workers' statements) and
-:class:`~.fleet.Fleet` (the operator's reads and controls) send their work
-through :meth:`SqlExecutor.run`: a connection from the engine's pool, the work
-on it, and what each driver error means decided in one place:
+Both :class:`~.store.SqlStore` (the replicas' and workers' statements, through
+its parts) and :class:`~.operator.Operator` (the operator's reads and
+controls) send their work through :meth:`SqlExecutor.run`: a connection from
+the engine's pool, the work on it, and what each driver error means decided
+in one place:
 
 * a deadlock, a serialization failure or a lock timeout (the database refused
   to decide *this time*, nothing was written) is retried after a short random

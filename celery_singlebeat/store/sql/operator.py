@@ -1,4 +1,4 @@
-"""The fleet side of the SQL store: what an operator reads and steers.
+"""The operator's side of the SQL store: what an operator reads and steers.
 
 The replicas write their own rows (``replicas``, ``catalog``, ``slots``); this
 module reads them for the CLI (and any other reader without the Celery app) and
@@ -58,7 +58,7 @@ NEAR_SPAN_US = 1_000
 #: how many close matches an unknown name's error offers
 CLOSE_MATCHES = 3
 
-#: slot states as :meth:`Fleet.history` and :meth:`Fleet.status` name them
+#: slot states as :meth:`Operator.history` and :meth:`Operator.status` name them
 CLAIMED, SENT, ABANDONED, REQUESTED = "claimed", "sent", "abandoned", "requested"
 
 #: replica states
@@ -138,7 +138,7 @@ class ReplicaStatus(NamedTuple):
 
 
 class Status(NamedTuple):
-    """The answer of :meth:`Fleet.status`."""
+    """The answer of :meth:`Operator.status`."""
 
     now_us: int
     #: every registered entry, the next due first (unknown next slots last)
@@ -191,14 +191,14 @@ class LeaseStatus(NamedTuple):
 
 
 class PauseResult(NamedTuple):
-    """The answer of :meth:`Fleet.pause`."""
+    """The answer of :meth:`Operator.pause`."""
 
     pauses: list[Pause]
     controls_version: int
 
 
 class ResumeResult(NamedTuple):
-    """The answer of :meth:`Fleet.resume`."""
+    """The answer of :meth:`Operator.resume`."""
 
     #: names whose pause row was deleted
     resumed: list[str]
@@ -213,7 +213,7 @@ class ResumeResult(NamedTuple):
 
 
 class RunNowResult(NamedTuple):
-    """The answer of :meth:`Fleet.run_now`: the slot a replica will send."""
+    """The answer of :meth:`Operator.run_now`: the slot a replica will send."""
 
     entry: str
     slot_us: int
@@ -225,15 +225,15 @@ class RunNowResult(NamedTuple):
 
 
 class PruneReport(NamedTuple):
-    """Rows :meth:`Fleet.prune` deleted."""
+    """Rows :meth:`Operator.prune` deleted."""
 
     slots: int
     singleton_rows: int
     fleet: FleetPruned
 
 
-class Fleet:
-    """Operator reads and controls over a :class:`SqlStore`'s tables.
+class Operator:
+    """An operator's reads and controls over a :class:`~.store.SqlStore`'s tables.
 
     Sends every statement through the store's :class:`~.executor.SqlExecutor`
     (its connections, retries and secrets), as the store itself does: every
@@ -246,9 +246,7 @@ class Fleet:
 
     def __init__(self, store: SqlStore) -> None:
         self.store = store
-        meta = store.tables.meta.name
-        # Tables() keeps no prefix of its own: every table is "<prefix><name>"
-        self.prefix = meta[: -len("meta")]
+        self.prefix = store.tables.prefix
         self.sql: OperatorDialect = operator_dialect_for(store.backend, self.prefix)
 
     # -- plumbing -----------------------------------------------------------
