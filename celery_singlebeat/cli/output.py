@@ -25,7 +25,7 @@ from ..timeline.clock import us_to_datetime
 
 if TYPE_CHECKING:
     from ..store.base import Pause
-    from ..store.sql.operator import EntryStatus, HistoryRow, LeaseStatus, ReplicaStatus
+    from ..store.sql.operator_results import EntryStatus, HistoryRow, LeaseStatus, ReplicaStatus
 
 #: a table cell: its text, or its text and a colour (click.style's fg)
 Cell = Union[str, tuple[str, str]]

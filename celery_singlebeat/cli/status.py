@@ -14,7 +14,8 @@ from .group import _app_of, singlebeat
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ..store.sql.operator import EntryStatus, Operator, ReplicaStatus
+    from ..store.sql.operator import Operator
+    from ..store.sql.operator_results import EntryStatus, ReplicaStatus
 
 #: entries a human status shows unless told otherwise (JSON shows all)
 STATUS_ROWS = 50
@@ -120,7 +121,7 @@ def with_stored(
     from ..schedules.columns import entry_from_fields
     from ..schedules.document import schedule_text
     from ..schedules.runs import next_runs
-    from ..store.sql.operator import DUE_SLACK_US
+    from ..store.sql.operator_results import DUE_SLACK_US
     from ..timeline.clock import us_to_datetime
 
     rows, _ = operator.store.schedule_rows()

@@ -22,7 +22,8 @@ from sqlalchemy.engine import make_url
 from celery_singlebeat.exceptions import ControlError, SchemaError, StoreUnavailable
 from celery_singlebeat.store.base import PAUSE_ALL, controls_channel
 from celery_singlebeat.store.sql import SqlStore
-from celery_singlebeat.store.sql.operator import DUE_SLACK_US, Operator
+from celery_singlebeat.store.sql.operator import Operator
+from celery_singlebeat.store.sql.operator_results import DUE_SLACK_US
 from celery_singlebeat.timeline.clock import US
 from celery_singlebeat.timeline.slots import slot_task_id
 

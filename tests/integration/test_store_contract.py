@@ -607,7 +607,8 @@ def _check_the_live_rule(store: Store, statements: int) -> None:
     assert _beat(store, "r1") == ["quick", "r1", "r2"]
     assert round_trips(store) - before == statements
     if isinstance(store, SqlStore):  # the fleet's view agrees (status, controls)
-        from celery_singlebeat.store.sql.operator import LIVE, Operator
+        from celery_singlebeat.store.sql.operator import Operator
+        from celery_singlebeat.store.sql.operator_results import LIVE
 
         states = {r.id: r.state for r in Operator(store).replicas()}
         assert sorted(rid for rid, state in states.items() if state == LIVE) == [

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from celery_singlebeat.engine.catalog import describe
 from celery_singlebeat.store.base import PAUSE_ALL, Pause
-from celery_singlebeat.store.sql.operator import DUE_SLACK_US, _entry_statuses
+from celery_singlebeat.store.sql.operator_results import DUE_SLACK_US
+from celery_singlebeat.store.sql.operator_status import entry_statuses
 from celery_singlebeat.timeline.clock import US
 from celery_singlebeat.timeline.slots import IntervalSequence, sequence_for
 
@@ -32,7 +33,7 @@ def row(
     code: int | None = None,
     sent: int | None = None,
 ) -> tuple[object, ...]:
-    """One status row (fleet_statements._STATUS_ENTRIES' columns)."""
+    """One status row (operator_statements._STATUS_ENTRIES' columns)."""
     sender = "r1" if sent is not None else None
     delay = 1000 if sent is not None else None
     task = None if spec is None else "proj.t"
@@ -46,7 +47,7 @@ def row(
 )
 def test_interval_slots_are_the_interval_sequences(anchor: int, period: int, instant: int) -> None:
     spec = json.dumps({"kind": "interval", "every_us": period})
-    (entry,) = _entry_statuses([row("e", spec, anchor=anchor, newest=instant, code=1)], 0, [])
+    (entry,) = entry_statuses([row("e", spec, anchor=anchor, newest=instant, code=1)], 0, [])
     assert entry.next_slot_us == IntervalSequence(anchor, period).next_after(instant)
 
 
@@ -65,7 +66,7 @@ def test_next_overdue_pruned_and_unknown() -> None:
         row("unlisted", None),
         row("hourly", HOURLY, newest=NOW - NOW % (3600 * US), code=1),
     ]
-    got = {e.name: e for e in _entry_statuses(rows, NOW, [])}
+    got = {e.name: e for e in entry_statuses(rows, NOW, [])}
     assert got["ok"].next_slot_us == anchor + 100 * US and got["ok"].overdue_slot_us is None
     assert got["ok"].last_state == "sent" and got["ok"].last_sender == "r1"
     assert got["late"].overdue_slot_us == anchor + 60 * US
@@ -78,7 +79,7 @@ def test_next_overdue_pruned_and_unknown() -> None:
     hourly = sequence_for(crontab(minute="0"), 0, timezone.utc)
     assert got["hourly"].next_slot_us == hourly.next_after(NOW - NOW % (3600 * US))
     # overdue first, then by next slot, unknown last (by name)
-    assert [e.name for e in _entry_statuses(rows, NOW, [])] == [
+    assert [e.name for e in entry_statuses(rows, NOW, [])] == [
         "late",
         "due",
         "ok",
@@ -94,16 +95,16 @@ def test_a_paused_entry_is_not_overdue_and_its_own_pause_wins() -> None:
     rows = [row("a", newest=anchor + 10 * US, code=1), row("b", newest=anchor + 10 * US, code=1)]
     mine = Pause("a", None, "ops", "mine", NOW - US)
     every = Pause(PAUSE_ALL, NOW + 60 * US, "ops", "all", NOW - US)
-    got = {e.name: e for e in _entry_statuses(rows, NOW, [mine, every])}
+    got = {e.name: e for e in entry_statuses(rows, NOW, [mine, every])}
     assert got["a"].pause == mine and got["b"].pause == every
     assert got["a"].overdue_slot_us is None and got["b"].overdue_slot_us is None
     assert got["a"].next_slot_us is not None and got["a"].next_slot_us >= NOW - DUE_SLACK_US
-    unpaused = {e.name: e for e in _entry_statuses(rows, NOW, [])}
+    unpaused = {e.name: e for e in entry_statuses(rows, NOW, [])}
     assert unpaused["a"].overdue_slot_us == anchor + 20 * US
 
 
 def test_states_by_code() -> None:
     codes = {0: "claimed", 1: "sent", 2: "abandoned", 3: "requested"}
     rows = [row(f"e{c}", newest=NOW - US, code=c) for c in codes]
-    got = {e.name: e.last_state for e in _entry_statuses(rows, NOW, [])}
+    got = {e.name: e.last_state for e in entry_statuses(rows, NOW, [])}
     assert got == {f"e{c}": word for c, word in codes.items()}

@@ -24,7 +24,7 @@ import difflib
 import gc
 import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
@@ -35,19 +35,31 @@ from ...timeline.membership import replica_live
 from ..base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
 from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
 from .fleet import FleetPruned
+from .operator_results import (
+    ABANDONED,
+    CLAIMED,
+    EXPIRED,
+    HELD,
+    LIVE,
+    LOST,
+    RELEASED,
+    REQUESTED,
+    SENT,
+    STOPPED,
+    HistoryRow,
+    LeaseStatus,
+    PauseResult,
+    PruneReport,
+    ReplicaStatus,
+    ResumeResult,
+    RunNowResult,
+    Status,
+)
 from .operator_statements import OperatorDialect, operator_dialect_for, status_entries
+from .operator_status import entry_statuses
 from .store import SqlStore
 
-if TYPE_CHECKING:
-    from ...timeline.slots import SlotSequence
-
 T = TypeVar("T")
-
-#: a slot this long past due that no replica claimed is *overdue*: a replica
-#: claims a due slot within its tick (milliseconds), one that is not the
-#: entry's first proposer 250 ms later, so two seconds is far beyond normal
-DUE_SLACK_US = 2_000_000
-
 
 #: a run-now's slot is the database's now, or the first free microsecond after
 #: it among this many: a row of that very instant is a coincidence (a slot, or
@@ -57,179 +69,6 @@ NEAR_SPAN_US = 1_000
 
 #: how many close matches an unknown name's error offers
 CLOSE_MATCHES = 3
-
-#: slot states as :meth:`Operator.history` and :meth:`Operator.status` name them
-CLAIMED, SENT, ABANDONED, REQUESTED = "claimed", "sent", "abandoned", "requested"
-
-#: replica states
-LIVE, STOPPED, LOST = "live", "stopped", "lost"
-
-#: lease states
-HELD, EXPIRED, RELEASED = "held", "expired", "released"
-
-
-class EntryStatus(NamedTuple):
-    """One registered entry as the fleet sees it."""
-
-    name: str
-    #: the task, from the catalog row of a live replica (of the greatest id,
-    #: should live replicas differ: a rolling deploy), else of any replica; None
-    #: when no replica row lists the entry (removed from beat_schedule, or
-    #: registered by a release that publishes no catalog)
-    task: str | None
-    #: the schedule as a person reads it ("every 10s", "crontab(...) Europe/Paris")
-    schedule: str | None
-    #: how many live replicas have the entry
-    replicas: int
-    #: the next slot the fleet will send (None: unknown, see ``next_known``)
-    next_slot_us: int | None
-    #: the first slot after the last claimed one, when it fell due more than
-    #: :data:`DUE_SLACK_US` ago and the entry is not paused: no replica claimed
-    #: it (none has the entry, none reaches the database, or the slot was
-    #: dropped: missed-run policy ``skip``, or it fell in a pause). None otherwise
-    overdue_slot_us: int | None
-    #: False when only the replicas can compute the slots (a custom
-    #: schedule, an unknown spec) or no catalog lists the entry
-    next_known: bool
-    #: the latest slot claimed (its row, or the high-water mark once pruned)
-    last_slot_us: int | None
-    #: state of that slot's row (None once pruned): claimed, sent, abandoned, requested
-    last_state: str | None
-    #: the latest sent slot still kept, who sent it and how late (sent - slot)
-    last_sent_slot_us: int | None
-    last_sender: str | None
-    last_delay_us: int | None
-    #: the pause in force for this entry: its own, else the pause of all ("*")
-    pause: Pause | None
-
-
-class ReplicaStatus(NamedTuple):
-    """One replica row, and whether it is live."""
-
-    id: str
-    host: str
-    pid: int
-    version: str
-    started_us: int
-    #: the database's clock at its last heartbeat
-    seen_us: int
-    #: its estimate of the database's clock at its last loop
-    loop_us: int
-    #: database clock minus its own clock
-    offset_us: int
-    tracked: int
-    proposes_first: int
-    heartbeat_us: int
-    stopped_us: int | None
-    #: live, stopped (a graceful stop) or lost (not seen for
-    #: LIVE_HEARTBEATS heartbeats plus LIVE_SLACK_US)
-    state: str
-    #: the id of the catalog it published (a digest of its entries; replicas
-    #: of one release share it), None before its first heartbeat
-    catalog: str | None = None
-    #: slots it had sent that the database lacked after a broken connection
-    #: (a failover lost them) and that it wrote again, since it started
-    lost_writes: int = 0
-
-    @property
-    def share(self) -> float | None:
-        """The part of its entries it proposes first (None: it tracks none)."""
-        return self.proposes_first / self.tracked if self.tracked else None
-
-
-class Status(NamedTuple):
-    """The answer of :meth:`Operator.status`."""
-
-    now_us: int
-    #: every registered entry, the next due first (unknown next slots last)
-    entries: list[EntryStatus]
-    replicas: list[ReplicaStatus]
-    #: the pauses in force
-    pauses: list[Pause]
-
-
-class HistoryRow(NamedTuple):
-    """One slot row (a run claimed, sent, abandoned or requested)."""
-
-    entry: str
-    slot_us: int
-    #: claimed, sent, abandoned (claimed, its lease ran out), requested (a
-    #: run-now no replica took yet)
-    state: str
-    #: the replica holding the claim (claimed, abandoned); None otherwise
-    holder: str | None
-    #: the replica that sent it (sent); None otherwise
-    sender: str | None
-    #: 1 for a first claim, higher each time the row changed hands; 0 for a
-    #: request not taken yet. Only the last owner is kept.
-    fence: int
-    lease_until_us: int
-    claimed_us: int
-    sent_us: int | None
-    #: sent_us - slot_us
-    delay_us: int | None
-    #: the task id every publish of this slot uses
-    task_id: str
-    #: who asked for this run (a run-now request), when and why
-    requested_by: str | None
-    request_reason: str | None
-    requested_us: int | None
-
-
-class LeaseStatus(NamedTuple):
-    """One SingletonTask key's lease row."""
-
-    key: str
-    #: the worker that holds it, or held it last
-    holder: str
-    token: int
-    #: 0 once released
-    expires_us: int
-    acquired_us: int
-    #: held, expired, released
-    state: str
-
-
-class PauseResult(NamedTuple):
-    """The answer of :meth:`Operator.pause`."""
-
-    pauses: list[Pause]
-    controls_version: int
-
-
-class ResumeResult(NamedTuple):
-    """The answer of :meth:`Operator.resume`."""
-
-    #: names whose pause row was deleted
-    resumed: list[str]
-    #: names that had no pause row
-    not_paused: list[str]
-    #: the pause of all entries, when it is still in force after this resume
-    #: (the resumed entries stay paused by it)
-    still_paused_by: Pause | None
-    controls_version: int
-    #: the database's clock in the transaction
-    now_us: int
-
-
-class RunNowResult(NamedTuple):
-    """The answer of :meth:`Operator.run_now`: the slot a replica will send."""
-
-    entry: str
-    slot_us: int
-    task_id: str
-    requested_by: str
-    reason: str
-    requested_us: int
-    controls_version: int
-
-
-class PruneReport(NamedTuple):
-    """Rows :meth:`Operator.prune` deleted."""
-
-    slots: int
-    singleton_rows: int
-    fleet: FleetPruned
 
 
 class Operator:
@@ -370,7 +209,7 @@ class Operator:
         try:
             now, replicas, entry_rows, pause_rows = self._read("status", work)
             pauses = [_pause(row) for row in pause_rows]
-            entries = _entry_statuses(entry_rows, now, pauses)
+            entries = entry_statuses(entry_rows, now, pauses)
         finally:
             if collecting:
                 gc.enable()
@@ -729,126 +568,12 @@ def _pause_words(pause: Pause) -> str:
     return f"{whole} by {pause.by}{why}"
 
 
-#: the slot state codes of status_entries (fleet_statements._LAST_STATE)
-_STATES = (CLAIMED, SENT, ABANDONED, REQUESTED)
-
-
-def _entry_statuses(rows: Sequence[Any], now_us: int, pauses: list[Pause]) -> list[EntryStatus]:
-    """The entries of status_entries' rows, the next due first.
-
-    One pass, positional, with the slot arithmetic inline: it runs once per
-    entry, 100,000 times within status()'s 2 s. Each distinct spec is parsed
-    once (100,000 entries share a handful). An interval's slots are computed
-    from its period and the entry's anchor (IntervalSequence's rule, without
-    building one per entry); every other kind depends on the spec alone, so
-    its answers are kept per (spec, instant): crontab entries of one spec
-    last ran at the same instants.
-    """
-    from ...timeline.catalog_form import sequence_of
-    from ...timeline.slots import IntervalSequence
-
-    paused = {p.entry: p for p in pauses}
-    pause_all = paused.get(PAUSE_ALL)
-    #: spec -> its period (an interval), its sequence, or None (unknown)
-    parsed: dict[str, int | SlotSequence | None] = {}
-    answers: dict[tuple[str, int], int | None] = {}
-    cutoff = now_us - DUE_SLACK_US
-
-    def next_after(
-        spec: str, kind: int | SlotSequence, anchor_us: int, instant_us: int
-    ) -> int | None:
-        if isinstance(kind, int):
-            if instant_us < anchor_us:
-                return anchor_us + kind
-            return anchor_us + ((instant_us - anchor_us) // kind + 1) * kind
-        key = (spec, instant_us)
-        if key not in answers:
-            answers[key] = kind.next_after(instant_us)
-        return answers[key]
-
-    entries = []
-    for (
-        name,
-        anchor,
-        high_water,
-        newest,
-        code,
-        sent,
-        sender,
-        delay,
-        live,
-        task,
-        schedule,
-        spec,
-    ) in rows:
-        if high_water is not None and (newest is None or high_water > newest):
-            # the entry's newest rows were pruned: only their high-water mark is left
-            last, state = high_water, None
-        else:
-            last, state = newest, None if code is None else _STATES[code]
-        pause = paused.get(name, pause_all)
-        kind = None
-        if spec is not None:
-            if spec in parsed:
-                kind = parsed[spec]
-            else:
-                found = sequence_of(spec, 0)
-                kind = parsed[spec] = (
-                    found.period_us if isinstance(found, IntervalSequence) else found
-                )
-        next_us = overdue_us = None
-        if kind is not None:
-            first = next_after(spec, kind, anchor, anchor if last is None else last)
-            if first is not None and first < cutoff:
-                overdue_us = None if pause is not None else first
-                next_us = next_after(spec, kind, anchor, cutoff)
-            else:
-                next_us = first
-        entries.append(
-            EntryStatus(
-                name,
-                task,
-                schedule,
-                int(live),  # MySQL sums to a Decimal
-                next_us,
-                overdue_us,
-                kind is not None,
-                last,
-                state,
-                sent,
-                sender,
-                delay,
-                pause,
-            )
-        )
-    # by name, then (stable) by when due: two sorts of plain keys cost a
-    # fifth of one by a (due, name) tuple
-    entries.sort(key=_name_of)
-    entries.sort(key=_due_key)
-    return entries
-
-
 def _slot_state(state: int, fence: int, lease_until_us: int, now_us: int) -> str:
     if state == 1:
         return SENT
     if fence == 0:
         return REQUESTED
     return ABANDONED if lease_until_us < now_us else CLAIMED
-
-
-def _name_of(entry: EntryStatus) -> str:
-    return entry.name
-
-
-#: sorts after every instant: entries whose next slot is unknown come last
-_NEVER = 2**63
-
-
-def _due_key(entry: EntryStatus) -> int:
-    """Overdue entries by the slot they missed, the others by their next slot."""
-    if entry.overdue_slot_us is not None:
-        return entry.overdue_slot_us
-    return _NEVER if entry.next_slot_us is None else entry.next_slot_us
 
 
 def _replica(row: Sequence[Any], now_us: int) -> ReplicaStatus:
