@@ -4,7 +4,7 @@ The database enforces every control (a claim refuses a paused entry's slot; a
 run-now request is an abandoned slot row the next sweep takes over); a replica
 reads them only to act sooner and to tell them apart in its logs. It learns
 of a change from the control version its claims and heartbeats bring back,
-and on PostgreSQL also from a LISTEN connection (:mod:`..store.listening`),
+and on PostgreSQL also from a LISTEN connection (:mod:`..store.sql.listening`),
 which makes the next tick sweep at once.
 """
 

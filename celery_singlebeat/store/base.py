@@ -21,7 +21,7 @@ suite, run against every store (in-memory, SQLite, PostgreSQL, MariaDB):
   the database and edited at run time), their change feed and their history.
 
 :class:`Store` is all of them at once: what the scheduler opens, and what
-``SqlStore`` (``store/sql.py``) and :class:`~celery_singlebeat.testing.MemoryStore`
+``SqlStore`` (``store/sql/``) and :class:`~celery_singlebeat.testing.MemoryStore`
 implement. The value types the contracts speak in are in :mod:`.values`;
 every name stays importable from here.
 

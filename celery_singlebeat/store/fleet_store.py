@@ -28,7 +28,7 @@ class ControlListener(ABC):
 
     A connection (or any channel) of its own, read without a round trip, so a
     replica honours a control within a second while idle at no statement at
-    all. PostgreSQL's is ``PostgresControlListener`` (``store/listening.py``).
+    all. PostgreSQL's is ``PostgresControlListener`` (``store/sql/listening.py``).
     """
 
     @abstractmethod

@@ -1,9 +1,9 @@
 """What a batch of schedule writes does to the stored rows, decided once for every store.
 
 :meth:`.ScheduleStore.write_schedules` is implemented twice (SQL in
-``schedules_sql.py``, memory in ``testing.py``); both read the rows the batch
-names, hand them here with the batch's revision and the database's instant,
-and write what :func:`plan` returns. So the semantics (what is a create, a
+``sql/schedules.py``, in memory in ``celery_singlebeat.testing``); both read
+the rows the batch names, hand them here with the batch's revision and the
+database's instant, and write what :func:`plan` returns. So the semantics (what is a create, a
 revival, a no-op, a conflict) and the history's diffs cannot differ between
 stores. Pure: no I/O, no clock.
 """

@@ -14,13 +14,13 @@ The same rule decides, for each of its users:
   every heartbeat, so a graceful stop hands its share over at the others' next
   heartbeat, and a schedule with nothing due for hours still shares);
 * the fleet's view: ``status`` calls a replica live, stopped or lost by it, and
-  the controls refuse names that no live replica's catalog lists (store/fleet.py);
+  the controls refuse names that no live replica's catalog lists (store/sql/operator.py);
 * readiness: a replica is ready while its last round trip is within the same
   bound, so that it reports ready exactly as long as the others count it live
   (``timing.default_readiness_timeout_s``: ``timing.live_within_us`` of its sweep
   period).
 
-The SQL statements carry it as ``store.statements.live_replica`` (the same
+The SQL statements carry it as ``store.sql.dialect.live_replica`` (the same
 comparison, with ``:beats`` and ``:slack_us`` bound to these constants); the
 contract suites check that the databases and the in-memory store agree with
 :func:`replica_live`.
