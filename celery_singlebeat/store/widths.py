@@ -1,6 +1,6 @@
 """The widths of the store's columns, each written once.
 
-``store/schema.py`` makes each column this wide, and each check that refuses
+``store/sql/schema.py`` makes each column this wide, and each check that refuses
 what would not fit names the same number in its message (the entry sources,
 the stored schedules, the operator's controls). A leaf that imports nothing,
 so that none of them imports another, or the schema and SQLAlchemy, for a
