@@ -53,7 +53,10 @@ _LIBRARIES = (
 # Internal modules the public signatures and docstrings mention (the clock the
 # stores keep, the telemetry base classes, the missed-run policy tuple): their
 # names are shown, but they are not part of the API these pages promise.
-_INTERNAL = r"celery_singlebeat\.(timeline\.clock|observe\.telemetry|timeline\.slots|engine\.catalog|testing\.memory\.connection|redact)"
+_INTERNAL = (
+    r"celery_singlebeat\.(timeline\.clock|observe\.telemetry|timeline\.slots|engine\.catalog"
+    r"|testing\.memory\.connection|redact)"
+)
 nitpick_ignore_regex = [
     (r"py:.*", _LIBRARIES + r"\..*"),
     ("py:class", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|NamedTuple|Enum|ABC)"),
