@@ -57,8 +57,8 @@ from typing import Any, NamedTuple
 
 from .exceptions import ConfigurationError, ScheduleError
 from .store.values import Written
-from .store.widths import MAX_ENTRY_NAME
 from .timeline.slots import MissedPolicy, sequence_for
+from .widths import MAX_ENTRY_NAME
 
 
 class EntryDefinition(NamedTuple):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from datetime import tzinfo
 
 from ..store.base import CatalogEntry
-from ..store.widths import MAX_SCHEDULE_TEXT, MAX_TASK
 from ..timeline.catalog_form import sequence_of, spec_of
+from ..widths import MAX_SCHEDULE_TEXT, MAX_TASK
 
 
 def describe(name: str, task: str, schedule: object, tz: tzinfo) -> CatalogEntry:

@@ -27,8 +27,8 @@ from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
 from ..store.author import default_author
 from ..store.schedule_store import ScheduleStore
 from ..store.values import ScheduleLogRow, ScheduleWrite
-from ..store.widths import MAX_AUTHOR
 from ..timeline.clock import datetime_to_us
+from ..widths import MAX_AUTHOR
 from .columns import entry_from_fields, entry_to_fields
 from .entry import StoredEntry, stored_entry, with_changes
 from .runs import next_runs as _next_runs

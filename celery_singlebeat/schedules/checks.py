@@ -34,10 +34,10 @@ from ..config import (
     parse_missed_policy,
 )
 from ..exceptions import InvalidEntry
-from ..store.widths import MAX_ENTRY_NAME, MAX_TASK
 from ..timeline.bounds import At
 from ..timeline.clock import US, datetime_to_us, parse_instant
 from ..timeline.slots import MissedPolicy, period_of, sequence_for
+from ..widths import MAX_ENTRY_NAME, MAX_TASK
 from .kinds import own_zone
 
 #: the longest description, in characters (a rule for people: its column

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..exceptions import InvalidEntry
-from ..store.widths import MAX_MANAGED_BY
 from ..timeline.slots import MissedPolicy
+from ..widths import MAX_MANAGED_BY
 from .checks import (
     MAX_DESCRIPTION,
     OPTION_NAMES,

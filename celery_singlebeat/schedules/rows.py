@@ -20,9 +20,9 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..exceptions import InvalidEntry
-from ..store.widths import MAX_MANAGED_BY
 from ..timeline.clock import us_to_datetime
 from ..timeline.slots import MissedPolicy
+from ..widths import MAX_MANAGED_BY
 from .checks import (
     MAX_ARGUMENTS_BYTES,
     MAX_DESCRIPTION,

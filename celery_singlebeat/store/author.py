@@ -6,7 +6,7 @@ from __future__ import annotations
 import getpass
 import socket
 
-from .widths import MAX_AUTHOR
+from ..widths import MAX_AUTHOR
 
 
 def default_author() -> str:

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..exceptions import ScheduleConflict, ScheduleExists, ScheduleNotFound
+from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_MANAGED_BY, MAX_SCHEDULE_WHY, MAX_TASK
 from .values import EDITABLE, SCHEDULE_OPS, ScheduleRow, ScheduleWrite
-from .widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_MANAGED_BY, MAX_SCHEDULE_WHY, MAX_TASK
 
 __all__ = ["Edit", "check_batch", "digest", "plan"]
 

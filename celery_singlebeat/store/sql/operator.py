@@ -32,8 +32,8 @@ from sqlalchemy.sql.elements import TextClause
 
 from ...exceptions import ControlError
 from ...timeline.membership import replica_live
+from ...widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
 from ..base import LIVE_HEARTBEATS, LIVE_SLACK_US, PAUSE_ALL, Pause, controls_channel
-from ..widths import MAX_AUTHOR, MAX_ENTRY_NAME, MAX_REASON
 from .fleet import FleetPruned
 from .operator_results import (
     ABANDONED,

@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-from ..widths import (
+from ...widths import (
     MAX_ACTION,
     MAX_AUTHOR,
     MAX_CATALOG_ID,
@@ -41,7 +41,7 @@ from ..widths import (
 
 # the longest entry name a slot key can hold (InnoDB's key length bounds it);
 # a leaf, because the stored schedules refuse longer names without a store
-from ..widths import MAX_ENTRY_NAME as MAX_ENTRY_NAME
+from ...widths import MAX_ENTRY_NAME as MAX_ENTRY_NAME
 
 #: Bump when the tables change incompatibly; a release refuses a newer schema
 #: than its own. Added tables and indexes do not bump it (``prepare`` creates
