@@ -23,6 +23,7 @@ from . import redact
 from .exceptions import ConfigurationError
 from .timeline import timing
 from .timeline.slots import MISSED_MODES, MissedPolicy
+from .widths import MAX_REPLICA_ID
 
 #: The embedded default: a SQLite file in the working directory.
 DEFAULT_URL = "sqlite:///celery-singlebeat.sqlite"
@@ -164,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "singlebeat_replica_id",
-        "str (≤ 120 characters)",
+        f"str (≤ {MAX_REPLICA_ID} characters)",
         None,
         "This replica's name in the database and the logs; unique per running process.",
         default_doc='`"<host>:<pid>:<random>"`',
@@ -696,9 +697,9 @@ class Settings:
         if not isinstance(engine_options, Mapping):
             raise ConfigurationError("singlebeat_engine_options: expected a dict")
         replica_id = read_setting(conf, "singlebeat_replica_id") or default_replica_id()
-        if not isinstance(replica_id, str) or len(replica_id) > 120:
+        if not isinstance(replica_id, str) or len(replica_id) > MAX_REPLICA_ID:
             raise ConfigurationError(
-                "singlebeat_replica_id: expected a string of at most 120 characters"
+                f"singlebeat_replica_id: expected a string of at most {MAX_REPLICA_ID} characters"
             )
         # Read from the app's conf, not only a field: a replica catching up after a
         # broker outage publishes at most this many taken-over slots per sweep, and

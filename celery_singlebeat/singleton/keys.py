@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, Union
 
 from ..exceptions import ConfigurationError, SingletonKeyError
+from ..widths import MAX_ENTRY_NAME
 
 #: ``singleton_key`` values: the task name alone, or the name and the arguments.
 KEY_BY_NAME = None
@@ -30,9 +31,10 @@ BUSY_POLICIES = ("skip", "retry", "raise")
 #: database round trip that a loaded database may take a good part of a second for.
 MIN_TTL = timedelta(seconds=1)
 
-#: Longest key stored as is (the key column's length); longer keys keep their
-#: start for operators and end in a digest of the whole.
-MAX_KEY_LENGTH = 255
+#: Longest key stored as is (the key column, ``locks.name``, is as wide as every
+#: name column); longer keys keep their start for operators and end in a digest
+#: of the whole.
+MAX_KEY_LENGTH = MAX_ENTRY_NAME
 _KEPT = MAX_KEY_LENGTH - 1 - 64
 
 
