@@ -15,8 +15,15 @@ import pytest
 
 
 def _entry_point(group: str, name: str) -> object:
-    found = [ep for ep in entry_points(group=group) if ep.name == name]
-    assert len(found) == 1, f"no single {group!r} entry point named {name!r}: {found}"
+    every = entry_points()
+    # Python 3.9's entry_points() is a dict of groups; select() came in 3.10
+    in_group = every.select(group=group) if hasattr(every, "select") else every.get(group, [])
+    found = [ep for ep in in_group if ep.name == name]
+    # Python 3.9's lists a distribution once per path entry that holds its
+    # metadata (an editable install and the checkout's own): one target is
+    # what counts
+    targets = {ep.value for ep in found}
+    assert len(targets) == 1, f"no single {group!r} entry point named {name!r}: {found}"
     return found[0].load()
 
 
