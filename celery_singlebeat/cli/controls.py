@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from ..store.author import default_author
+from ..timeline.clock import slot_text
 from . import output
 from .connect import operator_of
 from .durations import InstantOrDuration, When
@@ -83,7 +84,7 @@ def pause_command(
             until_text = (
                 "until resumed"
                 if pause.until_us is None
-                else f"until {output.slot_text(pause.until_us)} "
+                else f"until {slot_text(pause.until_us)} "
                 f"({output.relative(pause.until_us, pause.at_us)})"
             )
             click.echo(f"paused {what} {until_text}")
@@ -162,6 +163,6 @@ def run_command(ctx: click.Context, entry: str, reason: str, by: str | None, as_
             )
             return
         click.echo(
-            f"requested a run of {result.entry!r}: slot {output.slot_text(result.slot_us)}, "
+            f"requested a run of {result.entry!r}: slot {slot_text(result.slot_us)}, "
             f"task id {result.task_id}; a replica that has it sends it at its next sweep"
         )

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Union
 import click
 
 # re-exported: every command shows a slot with it, as the log lines do
-from ..timeline.clock import slot_text as slot_text
 from ..timeline.clock import us_to_datetime
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..timeline.clock import slot_text
 from . import output
 from .connect import Refused, store_of
 from .group import _app_of, singlebeat
@@ -357,7 +358,7 @@ def log_command(ctx: click.Context, name: str | None, limit: int, as_json: bool)
         return
     for r in rows:
         click.echo(
-            f"r{r.revision}  {output.slot_text(r.at_us)}  {r.action} {r.name!r} by {r.by}"
+            f"r{r.revision}  {slot_text(r.at_us)}  {r.action} {r.name!r} by {r.by}"
             + (f": {r.why}" if r.why else "")
         )
         for field, (old, new) in sorted(json.loads(r.changes or "{}").items()):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..timeline.clock import slot_text
 from . import output
 from .connect import operator_of
 from .durations import InstantOrDuration, When
@@ -57,7 +58,7 @@ def status_command(ctx: click.Context, limit: int | None, show_all: bool, as_jso
         now = status.now_us
         summary = _summary(entries, status.replicas, len(status.pauses))
         click.echo(
-            f"{output.slot_text(now)} (database clock): "
+            f"{slot_text(now)} (database clock): "
             f"{summary['replicas_live']} replica(s) live, {summary['replicas_lost']} lost, "
             f"{summary['replicas_stopped']} stopped; {summary['entries']:,} entries, "
             f"{summary['overdue']} overdue, {summary['paused']} paused"
@@ -248,7 +249,7 @@ def _entries_table(entries: list[EntryStatus], live: int, now: int) -> str:
 
 def _replica_state(replica: ReplicaStatus, now: int) -> output.Cell:
     if replica.state == "lost":
-        return (f"lost (not seen since {output.slot_text(replica.seen_us)})", "red")
+        return (f"lost (not seen since {slot_text(replica.seen_us)})", "red")
     if replica.state == "stopped" and replica.stopped_us is not None:
         return f"stopped {output.relative(replica.stopped_us, now)}"
     return output.state_cell(replica.state)
@@ -346,7 +347,7 @@ def history_command(
                 ["SLOT", "ENTRY", "STATE", "BY", "FENCE", "DELAY", "TASK ID", "REQUESTED BY"],
                 [
                     (
-                        output.slot_text(r.slot_us),
+                        slot_text(r.slot_us),
                         r.entry,
                         output.state_cell(r.state),
                         r.sender or r.holder or "-",

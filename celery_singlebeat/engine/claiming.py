@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 from ..exceptions import StoreUnavailable
 from ..observe import decisions
-from ..observe.decisions import batch_fields, slot_fields, slot_text
+from ..observe.decisions import batch_fields, slot_fields
 from ..sources import EntryDefinition
 from ..store.base import EARLY_TOLERANCE_US, Claim, SlotKey, Written
-from ..timeline.clock import US
+from ..timeline.clock import US, slot_text
 from ..timeline.slots import Plan, plan_due, slot_task_id
 from .agenda import NOTHING_WON, Agenda, Tracked
 from .context import ReplicaContext

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from ..exceptions import StoreUnavailable
-from ..observe.decisions import slot_text
 from ..store.base import PAUSE_ALL, ControlListener, Pause
+from ..timeline.clock import slot_text
 from .context import ReplicaContext
 
 logger = logging.getLogger("celery_singlebeat.scheduler")

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 
 from ..observe import decisions
-from ..observe.decisions import batch_fields, slot_text
+from ..observe.decisions import batch_fields
 from ..store.base import Claim, SlotKey
 from ..store.journal import Journal, SentJournal, hold_seconds
-from ..timeline.clock import US
+from ..timeline.clock import US, slot_text
 from ..timeline.slots import KeptSpan
 from .context import ReplicaContext
 

@@ -12,9 +12,9 @@ import logging
 
 from .. import signals
 from ..observe import decisions
-from ..observe.decisions import batch_fields, slot_text
+from ..observe.decisions import batch_fields
 from ..store.base import SlotKey
-from ..timeline.clock import US, us_to_datetime
+from ..timeline.clock import US, slot_text, us_to_datetime
 from ..timeline.slots import MissedPolicy
 from .context import ReplicaContext
 

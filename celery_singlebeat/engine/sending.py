@@ -20,11 +20,11 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from .. import signals
 from ..exceptions import StoreUnavailable
 from ..observe import decisions
-from ..observe.decisions import batch_fields, claim_fields, slot_text
+from ..observe.decisions import batch_fields, claim_fields
 from ..observe.telemetry import NOTHING
 from ..sources import EntryDefinition
 from ..store.base import Claim, SlotKey
-from ..timeline.clock import US, us_to_datetime
+from ..timeline.clock import US, slot_text, us_to_datetime
 from ..timeline.slots import SLOT_HEADER, slot_header, slot_task_id
 from ..timeline.timing import PUBLISH_SHARE
 from .agenda import Agenda

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from ..observe import decisions
-from ..observe.decisions import claim_fields, slot_fields, slot_text
+from ..observe.decisions import claim_fields, slot_fields
 from ..store.base import Claim, SlotKey
+from ..timeline.clock import slot_text
 from ..timeline.slots import slot_task_id
 from .context import ReplicaContext
 from .ownership import HeldSlots

@@ -22,7 +22,7 @@ from typing import Final
 from ..store.base import Claim, SlotKey
 
 # re-exported: the engine and SingletonTask name a slot in their lines with it
-from ..timeline.clock import slot_text as slot_text
+from ..timeline.clock import slot_text
 
 # -- the scheduler (logger celery_singlebeat.scheduler) ------------------------
 

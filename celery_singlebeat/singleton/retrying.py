@@ -21,7 +21,8 @@ from typing import Any, Callable
 from celery.exceptions import Reject, Retry
 
 from ..observe import decisions
-from ..observe.decisions import run_fields, slot_text
+from ..observe.decisions import run_fields
+from ..timeline.clock import slot_text
 from .context import SlotInfo, slot_of
 from .runtime import runtime_for
 

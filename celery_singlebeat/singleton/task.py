@@ -34,10 +34,10 @@ from ..exceptions import (
     StoreUnavailable,
 )
 from ..observe import decisions
-from ..observe.decisions import run_fields, slot_text
+from ..observe.decisions import run_fields
 from ..store.singleton_store import SingletonStore
 from ..store.values import Busy, Lease, Run, RunStatus
-from ..timeline.clock import US, us_to_datetime
+from ..timeline.clock import US, slot_text, us_to_datetime
 from . import context
 from .context import Singleton, SlotInfo, slot_of
 from .heartbeat import Held, heartbeat

@@ -29,11 +29,12 @@ from typing import TypeVar
 
 from ..exceptions import ConnectionReplaced, StoreUnavailable
 from ..observe import decisions
-from ..observe.decisions import batch_fields, slot_text
+from ..observe.decisions import batch_fields
 from ..observe.telemetry import SingletonTelemetry
 from ..store.journal import HOLD_MARGIN_S
 from ..store.singleton_store import SingletonStore
 from ..store.values import Run, RunRecord, SlotKey
+from ..timeline.clock import slot_text
 
 logger = logging.getLogger("celery_singlebeat.singleton")
 

@@ -20,7 +20,6 @@ contracts expose (:mod:`.host`).
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,8 +64,6 @@ from .store_statements import StoreDialect, store_dialect_for
 if TYPE_CHECKING:
     from ...config import Settings
     from ..fleet_store import ControlListener
-
-logger = logging.getLogger("celery_singlebeat.store")
 
 
 def _engine_defaults(url: URL) -> dict[str, Any]:
