@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo test test-django test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ TEST_WORKERS ?= 4
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" tests
 	$(BIN)/python -m pytest -q -ra --durations=5 -m serial tests
+	$(MAKE) --no-print-directory test-django
+
+# The Django app (tests/django) under pytest-django, once per database: Django's
+# settings are one per process, so each database is a run of its own with the
+# suite's project (tests/django/sbproject) pointed at it by SB_DJANGO_DB.
+DJANGO_DBS ?= sqlite postgres mysql
+DJANGO_WORKERS ?= 2
+test-django: $(STAMP)
+	@status=0; for db in $(DJANGO_DBS); do \
+		echo "test-django: $$db"; \
+		SB_DJANGO_DB=$$db $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=5 \
+			--ds=sbproject.settings -n $(DJANGO_WORKERS) --dist loadgroup tests/django || status=1; \
+	done; exit $$status
 
 # The PostgreSQL store contracts (slots, singleton leases, the fleet's rows and
 # controls, the failover's write-back and broken connections) and the acceptance

@@ -79,7 +79,10 @@ SETTINGS: tuple[Setting, ...] = (
         "str or `sqlalchemy.URL`",
         DEFAULT_URL,
         "The coordination database: an SQLAlchemy URL of PostgreSQL, MySQL/MariaDB or "
-        'SQLite, or `"django://<alias>"` for one of Django\'s `DATABASES`.',
+        'SQLite, or `"django://<alias>"` for one of Django\'s `DATABASES`. In a Django '
+        "project with `celery_singlebeat.contrib.django` installed, the default is "
+        '`"django://default"`.',
+        default_doc='`"sqlite:///celery-singlebeat.sqlite"`; `"django://default"` with the Django app',
     ),
     Setting(
         "singlebeat_lease",
@@ -610,10 +613,12 @@ class Settings:
         caller knows it (``celery beat --max-interval``); otherwise it is read
         from ``beat_max_loop_interval``.
         """
-        raw_url = read_setting(conf, "singlebeat_url") or DEFAULT_URL
-        if isinstance(raw_url, str) and raw_url.startswith("django://"):
-            from .contrib.django import SCHEME, database_url
+        from .contrib.django.database import SCHEME, database_url, default_url
 
+        # a Django project with the app installed coordinates in its own
+        # database unless told otherwise (contrib/django/database.py)
+        raw_url = read_setting(conf, "singlebeat_url") or default_url() or DEFAULT_URL
+        if isinstance(raw_url, str) and raw_url.startswith(SCHEME):
             raw_url = database_url(raw_url[len(SCHEME) :] or "default")
         try:
             url = make_url(raw_url) if isinstance(raw_url, str) else raw_url

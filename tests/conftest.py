@@ -50,6 +50,13 @@ sys.modules.setdefault("tests_conftest", sys.modules[__name__])
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+#: tests/django runs under pytest-django with its project's settings
+#: (``make test-django``: ``--ds=sbproject.settings``, once per database); any
+#: other run leaves it alone, since Django's settings are one per process
+collect_ignore = (
+    [] if os.environ.get("DJANGO_SETTINGS_MODULE") == "sbproject.settings" else ["django"]
+)
+
 PG_URL = os.environ.get("SB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("SB_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
 REDIS_URL = os.environ.get("SB_TEST_REDIS", "redis://127.0.0.1:6379")

@@ -1,10 +1,14 @@
-"""Use a Django project's database for coordination.
+"""A Django project's database as the coordination database.
 
-``app.conf.singlebeat_url = "django://default"`` (or any other alias in
-``DATABASES``) makes the scheduler connect to the database Django uses, with
-Django's credentials; install the ``django`` extra. The scheduler still talks to
-it through SQLAlchemy: Django's ORM is not used, so no model or migration is
-needed, and the tables are created like for any other URL.
+``singlebeat_url = "django://default"`` (or any other alias in ``DATABASES``)
+makes the scheduler connect to the database Django uses, with Django's
+credentials. The scheduler still talks to it through SQLAlchemy, on
+connections of its own: a replica's statements never run inside a request's
+transaction, and never join one by accident.
+
+This module is the bottom of the Django integration: the configuration reads
+it (``config`` resolves a ``django://`` URL here), so it imports nothing of
+the app above it, and Django only inside its functions.
 """
 
 from __future__ import annotations
@@ -50,12 +54,17 @@ def database_url(alias: str = "default") -> URL:
             f"singlebeat_url={SCHEME}{alias}: no such alias in DATABASES "
             f"(have: {', '.join(sorted(databases)) or 'none'})"
         )
-    db = databases[alias]
+    return url_of(databases[alias], f"singlebeat_url={SCHEME}{alias}")
+
+
+def url_of(db: dict[str, Any], where: str) -> URL:
+    """The SQLAlchemy URL of one ``DATABASES`` entry (a connection's
+    ``settings_dict``); ``where`` starts each error's message."""
     engine = db.get("ENGINE", "")
     drivername = _ENGINES.get(engine)
     if drivername is None:
         raise ConfigurationError(
-            f"singlebeat_url={SCHEME}{alias}: unsupported Django ENGINE {engine!r}; "
+            f"{where}: unsupported Django ENGINE {engine!r}; "
             "use PostgreSQL, MySQL/MariaDB or SQLite, or set singlebeat_url to a URL"
         )
     name = str(db.get("NAME") or "")
@@ -70,3 +79,30 @@ def database_url(alias: str = "default") -> URL:
         port=int(port) if port else None,
         database=name or None,
     )
+
+
+#: the app's module path, as a project lists it in INSTALLED_APPS
+APP = "celery_singlebeat.contrib.django"
+
+
+def default_url() -> str | None:
+    """``django://default`` when the process runs a Django project that has
+    this app installed, so that its replicas coordinate in the project's own
+    database without a setting; None otherwise (the embedded SQLite default).
+
+    Only a process that imported Django's settings already is asked: a plain
+    Celery project never imports Django through this check.
+    """
+    import sys
+
+    if "django.conf" not in sys.modules:
+        return None
+    from django.conf import settings
+
+    try:
+        installed = settings.INSTALLED_APPS
+    except Exception:  # ImproperlyConfigured: Django imported, no settings module
+        return None
+    if any(app == APP or app.startswith(APP + ".") for app in installed):
+        return SCHEME + "default"
+    return None
