@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-django test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo test test-django test-django-newest test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,18 @@ test-pgbouncer: $(STAMP)
 # in this many pytest-xdist workers: they are CPU-bound (Hypothesis, the
 # simulation), and the machine has two cores (docs/testing.md).
 UNIT_WORKERS ?= 2
+
+# The Django app under Django's newest release that django-celery-beat supports
+# (6.0; 6.x needs Python 3.12+), in a venv of its own:
+# make test-django-newest PY=/path/to/python3.13
+DJANGO_NEWEST ?= Django>=6.0,<6.1
+DJANGO_VENV = $(PYVENV)-django
+test-django-newest:
+	test -x $(DJANGO_VENV)/bin/python || $(PY) -m venv $(DJANGO_VENV)
+	$(DJANGO_VENV)/bin/pip install --quiet -e '.[dev]' '$(DJANGO_NEWEST)'
+	$(DJANGO_VENV)/bin/python -c 'import django, sys; print("test-django-newest: Python %d.%d, Django %s" % (*sys.version_info[:2], django.get_version()))'
+	$(MAKE) --no-print-directory test-django BIN=$(DJANGO_VENV)/bin STAMP= DJANGO_DBS="$(DJANGO_NEWEST_DBS)"
+DJANGO_NEWEST_DBS ?= sqlite postgres
 
 # The oldest Celery we support, in a venv of its own: the scheduler subclasses
 # Celery's Scheduler, whose internals move between releases.
