@@ -11,7 +11,8 @@ else, then uses what the extra is for, against the real services:
 * ``postgres``: a psycopg 3 engine connects to PostgreSQL;
 * ``mysql``: a PyMySQL engine connects to MariaDB/MySQL;
 * ``metrics``: ``celery_singlebeat.observe.metrics`` imports and renders its series;
-* ``django``: ``django://default`` resolves once Django's settings are set up;
+* ``django``: ``django://default`` resolves once Django's settings are set up,
+  and the app (``celery_singlebeat.contrib.django``) migrates and reads;
   also on Python 3.9 where this machine has it (Django 4.2, the oldest listed).
 
 Two venvs at a time; pip's cache is reused. Service URLs as the test suite's
@@ -81,15 +82,25 @@ assert "singlebeat_slots_sent_total" in names, sorted(names)
 print(len(names), "series")
 """,
     "django": """
+import os, tempfile
 import django
 from django.conf import settings
-settings.configure(DATABASES={{"default": {{
-    "ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/singlebeat-extras.sqlite"}}}})
+name = os.path.join(tempfile.mkdtemp(), "extras.sqlite")
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth",
+                    "celery_singlebeat.contrib.django"],
+    DATABASES={{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": name}}}},
+)
 django.setup()
 from celery_singlebeat.contrib.django import database_url
 url = database_url("default")
-assert url.drivername == "sqlite" and url.database == "/tmp/singlebeat-extras.sqlite", url
-print("Django", django.get_version(), "->", url)
+assert url.drivername == "sqlite" and url.database == name, url
+# the app from the wheel: its migration creates the store's tables, its models read them
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from celery_singlebeat.contrib.django.models import StoredSchedule, Slot
+assert StoredSchedule.objects.count() == 0 and not Slot.objects.exists()
+print("Django", django.get_version(), "->", url, "migrated")
 """,
 }
 
