@@ -49,6 +49,11 @@ class DjangoCeleryConf(Mapping[str, Any]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def beat_schedule(self) -> dict[str, Any]:
+        """``CELERY_BEAT_SCHEDULE``: the static entries, whose names a stored
+        entry may not take."""
+        return dict(getattr(settings, NAMESPACE + "BEAT_SCHEDULE", None) or {})
+
 
 def celery_conf() -> DjangoCeleryConf:
     """The project's Celery settings, as the replicas read them."""

@@ -58,8 +58,7 @@ def schedules(by: str | None = None) -> Schedules:
     editor in the history (the admin passes the user's name)."""
     from ...schedules.api import Schedules
 
-    conf = celery_conf()
-    api = Schedules(store=store(), by=by, static_names=dict(conf.get("beat_schedule") or {}))
+    api = Schedules(store=store(), by=by, static_names=celery_conf().beat_schedule())
     api.default_tz = timezone()
     return api
 
