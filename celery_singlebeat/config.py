@@ -82,7 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
         'SQLite, or `"django://<alias>"` for one of Django\'s `DATABASES`. In a Django '
         "project with `celery_singlebeat.contrib.django` installed, the default is "
         '`"django://default"`.',
-        default_doc='`"sqlite:///celery-singlebeat.sqlite"`; `"django://default"` with the Django app',
+        default_doc=(
+            '`"sqlite:///celery-singlebeat.sqlite"`; `"django://default"` with the Django app'
+        ),
     ),
     Setting(
         "singlebeat_lease",
