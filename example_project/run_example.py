@@ -452,7 +452,7 @@ def run(example: Example) -> Report:
         if exc.log_name:
             raise
         report.admin_error = str(exc)
-        log(f"admin step FAILED: {exc}")
+        log(f"admin step FAILED (the run goes on with {STATIC_ENTRY}, then exits 1): {exc}")
 
     static_end = report.anchor_us + int(WINDOW * US)
     if report.created_us is not None:
