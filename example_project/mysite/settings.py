@@ -62,12 +62,13 @@ def env_number(name: str, kind: type[int] | type[float]) -> Any:
     value = env(name)
     if value is None:
         return None
+    what = "a positive whole number" if kind is int else "a positive number"
     try:
         number = kind(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number of seconds or a port") from None
+        raise ImproperlyConfigured(f"{name} must be {what}") from None
     if number <= 0:
-        raise ImproperlyConfigured(f"{name} must be positive")
+        raise ImproperlyConfigured(f"{name} must be {what}")
     return number
 
 
