@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-django test-django-newest test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo example test test-django test-django-newest test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,13 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
+
+# The Django example project's deployment (example_project/docker-compose.yml,
+# k8s/) as local processes: migrate, runserver, 3 beat replicas, a worker, on the
+# local PostgreSQL (a database of its own) and Redis; adds a stored schedule
+# through the admin's form and fails unless every slot ran once (about 30 s).
+example: $(STAMP)
+	$(BIN)/python example_project/run_example.py
 
 # The suites mostly wait on real processes (beat replicas, workers, database
 # clusters), so they run side by side in pytest-xdist workers: every test has its
