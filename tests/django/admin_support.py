@@ -6,9 +6,10 @@ SingletonTask's runs and leases), as a beat replica and a worker would."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta, timezone
 
+import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
@@ -116,3 +117,12 @@ class SimulatedReplica:
     def lease(self, key: str) -> None:
         """A SingletonTask key held by this replica's worker for a minute."""
         self.store.acquire_lease(key, self.id, 60 * US)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def close_stores() -> Iterator[None]:
+    """The store's pooled connections closed after the module: pytest-django
+    drops the test database at the end, which PostgreSQL refuses while a
+    connection to it is open."""
+    yield
+    store.close_all()

@@ -6,13 +6,15 @@ API (``Schedules``), in the request's transaction with its LogEntry."""
 from __future__ import annotations
 
 import pytest
-from admin_support import staff_client, unique
+from admin_support import close_stores, staff_client, unique
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 
 from celery_singlebeat.contrib.django import store
 from celery_singlebeat.exceptions import ScheduleNotFound
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+__all__ = ["close_stores"]  # the fixture, used by every test here (autouse)
 
 ADD = "/admin/celery_singlebeat/storedschedule/add/"
 LIST = "/admin/celery_singlebeat/storedschedule/"

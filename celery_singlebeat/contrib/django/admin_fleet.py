@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -82,12 +82,21 @@ class EntryListAdmin(ControlsMixin, StoreListAdmin):
         rows = list(rows)
         now = _now(request)
         names = [str(getattr(r, self.control_key)) for r in rows]
-        entries = {e.name: e for e in Entry.objects.filter(name__in=names)}
+        # each entry's latest sent slot: a correlated subquery per listed entry,
+        # which walks the slot table's key (entry, slot_us) backwards from its
+        # end: a few index pages each, whatever the slots kept
+        latest = Slot.objects.filter(entry=OuterRef("name"), state=1).order_by("-slot_us")
+        entries = {
+            e.name: e
+            for e in Entry.objects.filter(name__in=names).annotate(
+                sb_sent_us=Subquery(latest.values("slot_us")[:1])
+            )
+        }
         catalog: dict[str, CatalogEntry] = {}
         for c in CatalogEntry.objects.filter(entry__in=names).order_by("entry", "-catalog"):
             catalog.setdefault(c.entry, c)
         last = _slots_of(
-            [(e.name, e.last_slot_us) for e in entries.values() if e.last_slot_us is not None]
+            [(e.name, e.sb_sent_us) for e in entries.values() if e.sb_sent_us is not None]
         )
         pauses = _pauses_of(names)
         for row, name in zip(rows, names):
@@ -98,10 +107,8 @@ class EntryListAdmin(ControlsMixin, StoreListAdmin):
             if cat is not None and entry is not None:
                 sequence = sequence_of(cat.spec, entry.anchor_us)
                 row.sb_next = None if sequence is None else sequence.next_after(now)
-            slot = None if entry is None or entry.last_slot_us is None else last.get(
-                (name, entry.last_slot_us)
-            )
-            row.sb_last = slot
+            sent = None if entry is None else entry.sb_sent_us
+            row.sb_last = None if sent is None else last.get((name, sent))
             row.sb_pause = _pause_text(pauses.get(name) or pauses.get(PAUSE_ALL), now)
             row.sb_now = now
         return rows
@@ -120,13 +127,10 @@ class EntryListAdmin(ControlsMixin, StoreListAdmin):
     def next_slot(self, obj: Any) -> str:
         return when_text(getattr(obj, "sb_next", None), getattr(obj, "sb_now", None))
 
-    @admin.display(description="last slot")
+    @admin.display(description="last sent")
     def last_slot(self, obj: Any) -> str:
         slot = getattr(obj, "sb_last", None)
-        if slot is None:
-            return "-"
-        state = "sent" if slot.state == 1 else "claimed" if slot.fence else "requested"
-        return f"{when_text(slot.slot_us, getattr(obj, 'sb_now', None))} {state}"
+        return "-" if slot is None else when_text(slot.slot_us, getattr(obj, "sb_now", None))
 
     @admin.display(description="last sender")
     def last_sender(self, obj: Any) -> str:
