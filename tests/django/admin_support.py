@@ -78,9 +78,7 @@ class SimulatedReplica:
 
     def publish(self, names: Sequence[str], task: str = "proj.report") -> None:
         """Catalog and register ``names`` (interval entries of ``every_s``)."""
-        rows = [
-            describe(n, task, timedelta(seconds=self.every_s), timezone.utc) for n in names
-        ]
+        rows = [describe(n, task, timedelta(seconds=self.every_s), timezone.utc) for n in names]
         self.store.publish_catalog(self.id, rows)
         self.store.register(list(names), self.id)
         self.heartbeat()
@@ -88,9 +86,7 @@ class SimulatedReplica:
     def send(self, name: str, slots: int = 3) -> list[int]:
         """Claim and confirm the last ``slots`` slots of ``name`` (sent rows)."""
         now = self.now_us()
-        keys = [
-            SlotKey(name, now - (slots - i) * self.every_s * US) for i in range(slots)
-        ]
+        keys = [SlotKey(name, now - (slots - i) * self.every_s * US) for i in range(slots)]
         claims = self.store.claim(self.id, keys, 30 * US)
         assert len(claims) == slots, claims
         self.store.confirm(self.id, claims)

@@ -6,7 +6,7 @@ writes a LogEntry, and a refusal changes nothing."""
 from __future__ import annotations
 
 import pytest
-from admin_support import close_stores, CONTROLS, SimulatedReplica, staff_client, unique
+from admin_support import CONTROLS, SimulatedReplica, close_stores, staff_client, unique
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -102,7 +102,7 @@ def test_pause_asks_first_then_pauses_and_logs(replica: SimulatedReplica) -> Non
     name = unique("pausable")
     replica.publish([name])
     page = _action(client, "entry", "pause_entries", [name])
-    assert "Yes, I’m sure" in page.content.decode() and name in page.content.decode()
+    assert 'id="confirm"' in page.content.decode() and name in page.content.decode()
     assert not Pause.objects.filter(entry=name).exists()  # asked, not done
 
     done = _action(
@@ -125,9 +125,7 @@ def test_a_pause_in_the_past_is_refused_and_changes_nothing(replica: SimulatedRe
     client, _ = staff_client(["view_entry", "pause_entry"])
     name = unique("past")
     replica.publish([name])
-    page = _action(
-        client, "entry", "pause_entries", [name], post="yes", until="2001-01-01 00:00"
-    )
+    page = _action(client, "entry", "pause_entries", [name], post="yes", until="2001-01-01 00:00")
     assert "Pause refused" in page.content.decode() and "past" in page.content.decode()
     assert not Pause.objects.filter(entry=name).exists()
     assert not LogEntry.objects.filter(object_id=name).exists()
@@ -137,7 +135,7 @@ def test_run_now_requests_a_slot_and_is_refused_while_paused(replica: SimulatedR
     client, user = staff_client(["view_entry", "run_entry_now", "pause_entry"])
     name = unique("runnable")
     replica.publish([name])
-    assert "Yes, I’m sure" in _action(client, "entry", "run_entries_now", [name]).content.decode()
+    assert 'id="confirm"' in _action(client, "entry", "run_entries_now", [name]).content.decode()
     done = _action(client, "entry", "run_entries_now", [name], post="yes", reason="backfill")
     assert "Requested a run" in done.content.decode()
     (request,) = Slot.objects.filter(entry=name, fence=0)
@@ -155,7 +153,7 @@ def test_release_a_lease(replica: SimulatedReplica) -> None:
     client, user = staff_client(["view_lease", "release_lease"])
     key = unique("singleton")
     replica.lease(key)
-    assert "Yes, I’m sure" in _action(client, "lease", "release_leases", [key]).content.decode()
+    assert 'id="confirm"' in _action(client, "lease", "release_leases", [key]).content.decode()
     done = _action(client, "lease", "release_leases", [key], post="yes")
     assert "Released" in done.content.decode()
     assert store.operator().lease(key).state == "released"

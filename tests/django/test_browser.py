@@ -42,7 +42,10 @@ def browser() -> Iterator[Any]:
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not (os.path.exists(p) or shutil.which(p))]
     if missing:
         if IN_CI:
-            pytest.fail(f"the browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver)")
+            pytest.fail(
+                f"the browser test needs {', '.join(missing)} "
+                "(apt-get install chromium chromium-driver)"
+            )
         pytest.skip(f"no {', '.join(missing)}")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -89,7 +92,9 @@ def test_add_preview_run_now_and_pause_in_a_browser(
         assert path.stat().st_size > 10_000  # a page, not a blank
 
     def act(action: str, name: str) -> None:
-        browser.find_element(By.CSS_SELECTOR, f'input[name="_selected_action"][value="{name}"]').click()
+        browser.find_element(
+            By.CSS_SELECTOR, f'input[name="_selected_action"][value="{name}"]'
+        ).click()
         Select(browser.find_element(By.NAME, "action")).select_by_value(action)
         browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
         wait_for("#confirm")

@@ -164,9 +164,7 @@ def _control(
             return None
         changed = [o for o in queryset if str(getattr(o, modeladmin.control_key)) in set(done)]
         _log(request, changed, message)
-        modeladmin.message_user(
-            request, message, messages.SUCCESS if done else messages.WARNING
-        )
+        modeladmin.message_user(request, message, messages.SUCCESS if done else messages.WARNING)
         return None
 
     action.__name__ = name
@@ -217,7 +215,8 @@ def _run_now(
 ) -> tuple[list[str], str]:
     operator = store.operator()
     reason = inputs.get("reason") or ""
-    done, lines = [], []
+    done: list[str] = []
+    lines: list[str] = []
     for key in keys:
         # one transaction per entry (the operator's run_now): a refusal of one
         # (paused, unknown) leaves the others requested, and says which
@@ -240,7 +239,8 @@ def _release(
     request: HttpRequest, keys: list[str], inputs: dict[str, Any]
 ) -> tuple[list[str], str]:
     operator = store.operator()
-    released, idle = [], []
+    released: list[str] = []
+    idle: list[str] = []
     for key in keys:
         (released if operator.release_lease(key) else idle).append(key)
     parts = []

@@ -44,8 +44,7 @@ class LookaheadPaginator(Paginator):
         self.pages_ahead = pages_ahead
         self.exact = True
 
-    @cached_property
-    def count(self) -> int:
+    def _count(self) -> int:
         """The rows up to the reach: before the page asked, and at most
         ``pages_ahead`` pages after it (plus one row, to know whether more
         follow)."""
@@ -62,6 +61,9 @@ class LookaheadPaginator(Paginator):
         self.exact = found <= reach
         return offset + min(found, reach)
 
+    # read once per page (Django's own count is a cached_property too)
+    count = cached_property(_count)
+
 
 class EnrichedChangeList(ChangeList):
     """A changelist whose page of rows passes through the admin's ``enrich``
@@ -72,7 +74,9 @@ class EnrichedChangeList(ChangeList):
         super().get_results(request)
         enrich = getattr(self.model_admin, "enrich", None)
         if enrich is not None:
-            self.result_list = enrich(request, list(self.result_list))
+            # set by Django's get_results, which mypy cannot see (no types)
+            rows: Any = getattr(self, "result_list")  # noqa: B009
+            setattr(self, "result_list", enrich(request, list(rows)))  # noqa: B010
 
 
 class StoreListAdmin(admin.ModelAdmin):
@@ -98,9 +102,7 @@ class StoreListAdmin(admin.ModelAdmin):
             page = int(request.GET.get(PAGE_VAR, 1))
         except ValueError:
             page = 1
-        return LookaheadPaginator(
-            queryset, per_page, orphans, allow_empty_first_page, page=page
-        )
+        return LookaheadPaginator(queryset, per_page, orphans, allow_empty_first_page, page=page)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EnrichedChangeList

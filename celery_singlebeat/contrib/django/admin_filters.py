@@ -90,7 +90,11 @@ class TakenOverFilter(admin.SimpleListFilter):
     parameter_name = "taken_over"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Yes (fence > 1)"), ("no", "No (fence ≤ 1)"), ("requested", "Run-now request")]
+        return [
+            ("yes", "Yes (fence > 1)"),
+            ("no", "No (fence ≤ 1)"),
+            ("requested", "Run-now request"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         if self.value() == "yes":

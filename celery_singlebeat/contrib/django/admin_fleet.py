@@ -27,7 +27,7 @@ from ...timeline.slots import slot_task_id
 from . import store
 from .admin_actions import ENTRY_ACTIONS, ControlsMixin, release_leases
 from .admin_changelist import StoreListAdmin
-from .admin_display import relative_text, span_text, when_text
+from .admin_display import display, relative_text, span_text, when_text
 from .admin_filters import (
     SlotEntryFilter,
     SlotInstantFilter,
@@ -38,7 +38,9 @@ from .admin_filters import (
 from .models import CatalogEntry, Entry, Lease, Pause, Replica, Run, Slot
 
 #: a Celery task id (a UUID), which the slot search looks up among the runs
-_TASK_ID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_TASK_ID = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 
 
 def _now(request: HttpRequest) -> int:
@@ -68,7 +70,11 @@ def _pauses_of(names: list[str]) -> dict[str, Pause]:
 def _pause_text(pause: Pause | None, now_us: int) -> str:
     if pause is None or (pause.until_us is not None and pause.until_us <= now_us):
         return ""
-    end = "until resumed" if pause.until_us is None else f"until {relative_text(pause.until_us, now_us)}"
+    end = (
+        "until resumed"
+        if pause.until_us is None
+        else f"until {relative_text(pause.until_us, now_us)}"
+    )
     every = " (all: '*')" if pause.entry == PAUSE_ALL else ""
     why = f": {pause.reason}" if pause.reason else ""
     return f"paused{every} by {pause.paused_by} {end}{why}"
@@ -113,31 +119,31 @@ class EntryListAdmin(ControlsMixin, StoreListAdmin):
             row.sb_now = now
         return rows
 
-    @admin.display(description="task")
+    @display(description="task")
     def task_name(self, obj: Any) -> str:
         cat = getattr(obj, "sb_catalog", None)
         return "-" if cat is None else str(cat.task)
 
-    @admin.display(description="schedule")
+    @display(description="schedule")
     def schedule_text(self, obj: Any) -> str:
         cat = getattr(obj, "sb_catalog", None)
         return "-" if cat is None else str(cat.schedule)
 
-    @admin.display(description="next slot")
+    @display(description="next slot")
     def next_slot(self, obj: Any) -> str:
         return when_text(getattr(obj, "sb_next", None), getattr(obj, "sb_now", None))
 
-    @admin.display(description="last sent")
+    @display(description="last sent")
     def last_slot(self, obj: Any) -> str:
         slot = getattr(obj, "sb_last", None)
         return "-" if slot is None else when_text(slot.slot_us, getattr(obj, "sb_now", None))
 
-    @admin.display(description="last sender")
+    @display(description="last sender")
     def last_sender(self, obj: Any) -> str:
         slot = getattr(obj, "sb_last", None)
         return str(slot.owner) if slot is not None and slot.state == 1 else "-"
 
-    @admin.display(description="paused")
+    @display(description="paused")
     def paused(self, obj: Any) -> str:
         return getattr(obj, "sb_pause", "") or "-"
 
@@ -243,11 +249,11 @@ class SlotAdmin(StoreListAdmin):
             row.sb_now = now
         return list(rows)
 
-    @admin.display(description="slot (UTC)", ordering="slot_us")
+    @display(description="slot (UTC)", ordering="slot_us")
     def slot(self, obj: Slot) -> str:
         return when_text(obj.slot_us, getattr(obj, "sb_now", None))
 
-    @admin.display(description="state")
+    @display(description="state")
     def state_text(self, obj: Slot) -> str:
         if obj.state == 1:
             return "sent"
@@ -256,19 +262,19 @@ class SlotAdmin(StoreListAdmin):
         now = getattr(obj, "sb_now", None)
         return "abandoned" if now is not None and obj.lease_until_us < now else "claimed"
 
-    @admin.display(description="claimed")
+    @display(description="claimed")
     def claimed(self, obj: Slot) -> str:
         return when_text(obj.claimed_us, None) if obj.fence else "-"
 
-    @admin.display(description="sent")
+    @display(description="sent")
     def sent(self, obj: Slot) -> str:
         return when_text(obj.sent_us, None)
 
-    @admin.display(description="delay")
+    @display(description="delay")
     def delay(self, obj: Slot) -> str:
         return "-" if obj.sent_us is None else span_text(obj.sent_us - obj.slot_us)
 
-    @admin.display(description="task id")
+    @display(description="task id")
     def task_id(self, obj: Slot) -> str:
         return slot_task_id(obj.entry, obj.slot_us)
 
@@ -287,7 +293,7 @@ class RunAdmin(StoreListAdmin):
     actions = None
     list_display_links = None
 
-    @admin.display(description="slot (UTC)")
+    @display(description="slot (UTC)")
     def slot(self, obj: Run) -> str:
         url = reverse("admin:celery_singlebeat_slot_changelist")
         return format_html(
@@ -329,21 +335,21 @@ class ReplicaAdmin(StoreListAdmin):
             row.sb_state = states.get(row.id, "-")
         return list(rows)
 
-    @admin.display(description="state")
+    @display(description="state")
     def state(self, obj: Replica) -> str:
         return str(getattr(obj, "sb_state", "-"))
 
-    @admin.display(description="heartbeat age", ordering="seen_us")
+    @display(description="heartbeat age", ordering="seen_us")
     def heartbeat_age(self, obj: Replica) -> str:
         now = getattr(obj, "sb_now", None)
         return "-" if now is None else span_text(max(0, now - obj.seen_us))
 
-    @admin.display(description="loop lag")
+    @display(description="loop lag")
     def loop_lag(self, obj: Replica) -> str:
         now = getattr(obj, "sb_now", None)
         return "-" if now is None else span_text(max(0, now - obj.loop_us))
 
-    @admin.display(description="clock offset")
+    @display(description="clock offset")
     def clock_offset(self, obj: Replica) -> str:
         sign = "+" if obj.offset_us >= 0 else "-"
         return f"{sign}{span_text(obj.offset_us)}"
@@ -364,20 +370,22 @@ class LeaseAdmin(ControlsMixin, StoreListAdmin):
             row.sb_now = now
         return list(rows)
 
-    @admin.display(description="holder", ordering="owner")
+    @display(description="holder", ordering="owner")
     def holder(self, obj: Lease) -> str:
         return str(obj.owner)
 
-    @admin.display(description="state")
+    @display(description="state")
     def state(self, obj: Lease) -> str:
         now = getattr(obj, "sb_now", 0)
         return RELEASED if obj.expires_us == 0 else HELD if obj.expires_us >= now else EXPIRED
 
-    @admin.display(description="expires", ordering="expires_us")
+    @display(description="expires", ordering="expires_us")
     def expires(self, obj: Lease) -> str:
-        return "-" if obj.expires_us == 0 else when_text(obj.expires_us, getattr(obj, "sb_now", None))
+        return (
+            "-" if obj.expires_us == 0 else when_text(obj.expires_us, getattr(obj, "sb_now", None))
+        )
 
-    @admin.display(description="acquired")
+    @display(description="acquired")
     def acquired(self, obj: Lease) -> str:
         return when_text(obj.acquired_us, getattr(obj, "sb_now", None))
 

@@ -41,7 +41,7 @@ from ...schedules.entry import StoredEntry
 from . import store
 from .admin_actions import ENTRY_ACTIONS, ControlsMixin
 from .admin_changelist import StoreListAdmin
-from .admin_display import spec_text
+from .admin_display import display, spec_text
 from .conf import celery_conf
 from .database import SCHEME
 from .forms import StoredScheduleForm
@@ -65,7 +65,9 @@ def store_alias() -> str | None:
 
 def entry_of(row: StoredSchedule) -> StoredEntry:
     """A listed row as the API's :class:`StoredEntry` (no query)."""
-    return entry_from_fields({f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields})
+    return entry_from_fields(
+        {f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields}
+    )
 
 
 class EnabledFilter(admin.SimpleListFilter):
@@ -147,20 +149,20 @@ class StoredScheduleAdmin(ControlsMixin, StoreListAdmin):
                 row.sb_next = runs[0] if runs else None
         return list(rows)
 
-    @admin.display(description="schedule")
+    @display(description="schedule")
     def schedule(self, obj: StoredSchedule) -> str:
         return spec_text(obj.spec)
 
-    @admin.display(description="enabled", boolean=True, ordering="enabled")
+    @display(description="enabled", boolean=True, ordering="enabled")
     def is_enabled(self, obj: StoredSchedule) -> bool:
         return bool(obj.enabled)
 
-    @admin.display(description="next run (UTC)")
+    @display(description="next run (UTC)")
     def next_run(self, obj: StoredSchedule) -> str:
         at = getattr(obj, "sb_next", None)
         return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
 
-    @admin.display(description="updated (UTC)", ordering="updated_us")
+    @display(description="updated (UTC)", ordering="updated_us")
     def updated(self, obj: StoredSchedule) -> str:
         at = obj.updated_at
         return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
@@ -203,7 +205,9 @@ class StoredScheduleAdmin(ControlsMixin, StoreListAdmin):
         try:
             with transaction.atomic(using=alias or "default"):
                 if form.current is None:
-                    entry = api.upsert(form.entry, if_exists="error", why=why, connection=connection)
+                    entry = api.upsert(
+                        form.entry, if_exists="error", why=why, connection=connection
+                    )
                 else:
                     entry = api.update(
                         form.current.name,

@@ -229,7 +229,9 @@ class PauseForm(forms.Form):
         required=False,
         help_text="The pause ends by itself then (UTC, 2026-12-24 17:00); empty: until resumed.",
     )
-    reason = forms.CharField(required=False, max_length=MAX_REASON, help_text="Shown with the pause.")
+    reason = forms.CharField(
+        required=False, max_length=MAX_REASON, help_text="Shown with the pause."
+    )
 
 
 class RunNowForm(forms.Form):
@@ -240,4 +242,11 @@ class RunNowForm(forms.Form):
     )
 
 
-__all__ = ["SCHEDULE_FIELDS", "PauseForm", "RunNowForm", "StoredScheduleForm", "field_of", "initial_of"]
+__all__ = [
+    "SCHEDULE_FIELDS",
+    "PauseForm",
+    "RunNowForm",
+    "StoredScheduleForm",
+    "field_of",
+    "initial_of",
+]
