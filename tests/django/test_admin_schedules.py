@@ -80,6 +80,10 @@ def test_bad_input_is_refused_on_its_field_and_nothing_is_stored() -> None:
     both = client.post(ADD, form(name, every="30", at="2030-01-01T00:00:00+00:00", tz="UTC"))
     errors = both.context["adminform"].form.errors
     assert {"every", "at", "tz"} <= set(errors)
+    # a preview of a bad form shows the same errors, and no runs
+    preview = client.post(ADD, form(name, task="has space", every="60", _preview="1"))
+    assert "whitespace" in preview.context["adminform"].form.errors["task"][0]
+    assert preview.context["next_runs"] is None
     bad_tz = client.post(ADD, form(name, cron="0 3 * * *", tz="Mars/Olympus"))
     assert "Mars/Olympus" in bad_tz.context["adminform"].form.errors["tz"][0]
     with pytest.raises(ScheduleNotFound):

@@ -18,6 +18,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
@@ -28,7 +29,15 @@ LOOKAHEAD_PAGES = 5
 class LookaheadPaginator(Paginator):
     """A paginator that counts rows up to ``pages_ahead`` pages past
     ``page``: ``count`` is a lower bound, exact (``exact``) only when the
-    table ends within that reach."""
+    table ends within that reach.
+
+    The page asked for is read in two steps: the keys (``key_fields``, the
+    table's primary key) of this page and of the reach past it, in the
+    list's order, in one query (an index-only read where an index gives that
+    order); then the page's rows by their keys. A deep page skips its offset
+    over the index alone: MariaDB reads a whole row for every row an
+    ``OFFSET`` skips, seconds at 500,000.
+    """
 
     def __init__(
         self,
@@ -37,23 +46,36 @@ class LookaheadPaginator(Paginator):
         *args: Any,
         page: int = 1,
         pages_ahead: int = LOOKAHEAD_PAGES,
+        key_fields: Sequence[str] = ("pk",),
         **kwargs: Any,
     ) -> None:
         super().__init__(object_list, per_page, *args, **kwargs)
         self.page_asked = max(1, page)
         self.pages_ahead = pages_ahead
+        self.key_fields = tuple(key_fields)
         self.exact = True
+
+    def _offset(self) -> int:
+        return (self.page_asked - 1) * int(self.per_page)
+
+    def _keys(self) -> list[Any]:
+        """The keys from the page asked for to the end of the reach, plus one."""
+        reach = int(self.per_page) * (self.pages_ahead + 1)
+        offset = self._offset()
+        if len(self.key_fields) == 1:
+            listed = self.object_list.values_list(self.key_fields[0], flat=True)
+        else:
+            listed = self.object_list.values_list(*self.key_fields)
+        return list(listed[offset : offset + reach + 1])
+
+    keys = cached_property(_keys)
 
     def _count(self) -> int:
         """The rows up to the reach: before the page asked, and at most
-        ``pages_ahead`` pages after it (plus one row, to know whether more
-        follow)."""
-        per_page = int(self.per_page)
-        offset = (self.page_asked - 1) * per_page
-        reach = per_page * (self.pages_ahead + 1)
-        # primary keys only, in the list's order: an index-only read where the
-        # order is the index's, bounded by LIMIT whatever the table's size
-        found = len(self.object_list.values_list("pk", flat=True)[offset : offset + reach + 1])
+        ``pages_ahead`` pages after it."""
+        reach = int(self.per_page) * (self.pages_ahead + 1)
+        found = len(self.keys)
+        offset = self._offset()
         if found == 0 and offset:
             # a page past the end: Django answers it with the list's first page
             self.exact = True
@@ -63,6 +85,28 @@ class LookaheadPaginator(Paginator):
 
     # read once per page (Django's own count is a cached_property too)
     count = cached_property(_count)
+
+    def page(self, number: Any) -> Any:
+        number = self.validate_number(number)
+        if number != self.page_asked:
+            return super().page(number)
+        wanted = self.keys[: int(self.per_page)]
+        return self._get_page(self._rows(wanted), number, self)
+
+    def _rows(self, wanted: list[Any]) -> list[Any]:
+        """The rows of these keys, in their order: one query by primary key."""
+        if not wanted:
+            return []
+        rows = self.object_list.model._default_manager.using(self.object_list.db)
+        if len(self.key_fields) == 1:
+            field = self.key_fields[0]
+            found = {getattr(r, field): r for r in rows.filter(**{f"{field}__in": wanted})}
+            return [found[k] for k in wanted if k in found]
+        where = Q()
+        for key in wanted:
+            where |= Q(**dict(zip(self.key_fields, key)))
+        found = {tuple(getattr(r, f) for f in self.key_fields): r for r in rows.filter(where)}
+        return [found[tuple(k)] for k in wanted if tuple(k) in found]
 
 
 class EnrichedChangeList(ChangeList):
@@ -85,6 +129,9 @@ class StoreListAdmin(admin.ModelAdmin):
     nothing added, changed or deleted through the ORM (the tables are the
     store's, written through its API)."""
 
+    #: the fields of the table's primary key (Django's ``pk`` is one column
+    #: of a key that spans two, for the slot and run tables)
+    list_key_fields: tuple[str, ...] = ("pk",)
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
@@ -102,7 +149,14 @@ class StoreListAdmin(admin.ModelAdmin):
             page = int(request.GET.get(PAGE_VAR, 1))
         except ValueError:
             page = 1
-        return LookaheadPaginator(queryset, per_page, orphans, allow_empty_first_page, page=page)
+        return LookaheadPaginator(
+            queryset,
+            per_page,
+            orphans,
+            allow_empty_first_page,
+            page=page,
+            key_fields=self.list_key_fields,
+        )
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EnrichedChangeList

@@ -228,6 +228,7 @@ class SlotAdmin(StoreListAdmin):
     sortable_by = ()
     actions = None
     list_display_links = None
+    list_key_fields = ("entry", "slot_us")
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
         term = search_term.strip()
@@ -287,6 +288,7 @@ class RunAdmin(StoreListAdmin):
     list_display = ("entry", "slot", "state", "owner", "task_id", "attempts", "outcome")
     list_filter = ("state",)
     search_fields = ("=task_id", "=entry")
+    list_key_fields = ("entry", "slot_us")
     search_help_text = "A task id, or an entry's name (exactly)."
     ordering = ("-slot_us",)
     sortable_by = ()
