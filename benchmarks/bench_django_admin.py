@@ -349,7 +349,7 @@ def measure(urls: list[tuple[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
-def run_one(db: str, entries: int, slots: int) -> dict[str, Any]:
+def run_one(db: str, entries: int, slots: int, only: str = "") -> dict[str, Any]:
     from django.core.management import call_command
 
     name = f"sb_bench_admin_{os.getpid()}"
@@ -358,7 +358,7 @@ def run_one(db: str, entries: int, slots: int) -> dict[str, Any]:
     try:
         call_command("migrate", verbosity=0)
         filled = fill(entries, slots)
-        results = measure(pages(entries, slots, filled["task_id"]))
+        results = measure([p for p in pages(entries, slots, filled["task_id"]) if only in p[0]])
     finally:
         drop_database(db, name)
     return {
@@ -393,6 +393,7 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--slots", type=int, default=1_000_000)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--only", default="", help="time only the pages whose name has this")
     args = parser.parse_args()
     if args.dbs:
         # Django's settings are one per process: one process per database
@@ -414,7 +415,7 @@ def main() -> int:
                 cmd += ["--json", args.json.replace(".json", f"-{db}.json")]
             status |= subprocess.call(cmd)
         return status
-    result = run_one(args.db, args.entries, args.slots)
+    result = run_one(args.db, args.entries, args.slots, args.only)
     print(table(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
