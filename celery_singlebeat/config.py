@@ -82,7 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
         'SQLite, or `"django://<alias>"` for one of Django\'s `DATABASES`. In a Django '
         "project with `celery_singlebeat.contrib.django` installed, the default is "
         '`"django://default"`.',
-        default_doc='`"sqlite:///celery-singlebeat.sqlite"`; `"django://default"` with the Django app',
+        default_doc=(
+            '`"sqlite:///celery-singlebeat.sqlite"`; `"django://default"` with the Django app'
+        ),
     ),
     Setting(
         "singlebeat_lease",
@@ -616,8 +618,12 @@ class Settings:
         from .contrib.django.database import SCHEME, database_url, default_url
 
         # a Django project with the app installed coordinates in its own
-        # database unless told otherwise (contrib/django/database.py)
-        raw_url = read_setting(conf, "singlebeat_url") or default_url() or DEFAULT_URL
+        # database unless told otherwise (contrib/django/database.py); asked
+        # only when the setting is unset, since read_setting would answer the
+        # SQLite default and hide it
+        raw_url = (
+            conf.get("singlebeat_url") or default_url() or read_setting(conf, "singlebeat_url")
+        )
         if isinstance(raw_url, str) and raw_url.startswith(SCHEME):
             raw_url = database_url(raw_url[len(SCHEME) :] or "default")
         try:
