@@ -152,14 +152,16 @@ def test_status_and_controls(sb_store: SqlStore) -> None:
     assert json.loads(run("singlebeat_status", "--json"))["pauses"] == []
 
 
-def _manage(store: SqlStore, *args: str) -> subprocess.CompletedProcess[str]:
+def _manage(
+    store: SqlStore, *args: str, prefix: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "DJANGO_SETTINGS_MODULE": "sbproject.settings",
         # the test database, not the one the settings name for a real run
         "SB_DJANGO_NAME": str(store.url.database),
-        "SB_DJANGO_PREFIX": django_settings.CELERY_SINGLEBEAT_TABLE_PREFIX,
+        "SB_DJANGO_PREFIX": prefix or django_settings.CELERY_SINGLEBEAT_TABLE_PREFIX,
     }
     return subprocess.run(
         [sys.executable, "-m", "django", *args],
@@ -180,3 +182,13 @@ def test_through_a_real_manage_py(sb_store: SqlStore, schedules_api: Schedules) 
     assert bad.stderr.startswith("CommandError: ") and bad.stderr.count("\n") == 1, bad.stderr
     assert "--every" in bad.stderr
     assert [e.name for e in schedules_api.list()] == ["sub"]
+
+
+def test_another_table_prefix_needs_no_migration(sb_store: SqlStore) -> None:
+    # the migration names the tables with the setting's prefix, as the models
+    # do: makemigrations must not write one into the installed package
+    found = _manage(
+        sb_store, "makemigrations", "celery_singlebeat", "--check", "--dry-run", prefix="beat_"
+    )
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert "No changes detected" in found.stdout
