@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from sqlalchemy import create_engine, inspect
 
-from celery_singlebeat.config import DEFAULT_URL, Settings
+from celery_singlebeat.config import DEFAULT_URL, Overrides, Settings
 from celery_singlebeat.contrib.django import models as sb_models
 from celery_singlebeat.contrib.django import store as django_store
 from celery_singlebeat.contrib.django.checks import check_settings
@@ -168,6 +168,11 @@ def test_settings_read_under_celerys_namespace() -> None:
             "the commands' app": Settings.from_conf(celery_app().conf),
             "a project's Celery app": Settings.from_conf(project_app.conf),
             "the store's": django_store.settings(),
+            # what the CLI and Schedules(app) read: their overrides over the
+            # conf, whose names under a namespace answer get() but not `in`
+            "an overlay on a project's app": Settings.from_conf(
+                Overrides({"singlebeat_create_schema": False}, project_app.conf)
+            ),
         }
     for where, found in read.items():
         assert found.lease.total_seconds() == 20, where

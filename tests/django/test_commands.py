@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 from celery_singlebeat.cli import singlebeat
 from celery_singlebeat.schedules.api import Schedules
@@ -111,6 +112,20 @@ def test_bad_input_is_one_line_and_stores_nothing(
     assert says in str(error) and "\n" not in str(error)
     assert error.returncode == status
     assert (schedules_api.list(), schedules_api.log()) == before
+
+
+def test_a_bad_setting_is_named_as_the_project_wrote_it(sb_store: SqlStore) -> None:
+    with override_settings(CELERY_SINGLEBEAT_LEASE="soon"):
+        error = refused("singlebeat_status")
+    assert str(error).startswith("CELERY_SINGLEBEAT_LEASE='soon'") and error.returncode == 1
+
+
+def test_the_commands_read_the_projects_url(tmp_path: Path) -> None:
+    nowhere = tmp_path / "elsewhere.sqlite"
+    with override_settings(CELERY_SINGLEBEAT_URL=f"sqlite:///{nowhere}"):
+        error = refused("singlebeat_schedules", "list")
+    assert str(nowhere) in str(error) and "no such SQLite file" in str(error)
+    assert not nowhere.exists()
 
 
 def test_help_is_clicks_for_each_command(capsys: pytest.CaptureFixture[str]) -> None:

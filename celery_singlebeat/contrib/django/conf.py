@@ -56,6 +56,13 @@ def celery_conf() -> DjangoCeleryConf:
     return DjangoCeleryConf()
 
 
+def beat_schedule() -> dict[str, Any]:
+    """``CELERY_BEAT_SCHEDULE``, Celery's own setting (not one of
+    celery-singlebeat's definitions): the entries whose names a stored
+    schedule may not take."""
+    return dict(getattr(settings, NAMESPACE + "BEAT_SCHEDULE", None) or {})
+
+
 def table_prefix() -> str:
     """``CELERY_SINGLEBEAT_TABLE_PREFIX``, the prefix of every table the models map."""
     from ...config import read_setting

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .conf import celery_conf, in_django_terms
+from .conf import beat_schedule, celery_conf, in_django_terms
 
 if TYPE_CHECKING:
     from ...config import Settings
@@ -63,8 +63,7 @@ def schedules(by: str | None = None) -> Schedules:
     editor in the history (the admin passes the user's name)."""
     from ...schedules.api import Schedules
 
-    conf = celery_conf()
-    api = Schedules(store=store(), by=by, static_names=dict(conf.get("beat_schedule") or {}))
+    api = Schedules(store=store(), by=by, static_names=list(beat_schedule()))
     api.default_tz = timezone()
     return api
 

@@ -80,7 +80,7 @@ class ClickCommand(BaseCommand):
     def handle(self, *args: str, **options: Any) -> None:
         """Run the click command on ``args``; its output goes to this
         command's stdout and stderr (``call_command(stdout=...)`` too)."""
-        from ..conf import celery_app
+        from ..conf import celery_app, in_django_terms
 
         command = self.click_command()
         # the root of the context: what `celery -A proj` gives the group (an
@@ -105,7 +105,9 @@ class ClickCommand(BaseCommand):
                 returncode=exc.exit_code,
             ) from None
         except click.ClickException as exc:
-            raise CommandError(_one_line(exc.format_message()), returncode=exc.exit_code) from None
+            # a setting is named as the project wrote it (CELERY_SINGLEBEAT_LEASE)
+            message = in_django_terms(_one_line(exc.format_message()))
+            raise CommandError(message, returncode=exc.exit_code) from None
         except click.Abort:
             raise CommandError("aborted", returncode=1) from None
         # standalone_mode=False: an exit (--help's) is returned, not raised
