@@ -60,7 +60,24 @@ def database_service() -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(database_service: None, django_db_setup: Any) -> Iterator[None]:
+def stale_sqlite_journals(django_db_modify_db_settings: None) -> None:
+    """Remove a killed run's ``-wal`` and ``-shm`` files beside the SQLite
+    test database: Django deletes and recreates the database file only, and
+    SQLite would take a stale write-ahead log for the new file's."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        name = str(db.get("TEST", {}).get("NAME") or "")
+        for suffix in ("-wal", "-shm"):
+            if name and os.path.exists(name + suffix):
+                os.remove(name + suffix)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    database_service: None, stale_sqlite_journals: None, django_db_setup: Any
+) -> Iterator[None]:
     """pytest-django's test database, once its service is known to be up; the
     stores this process opened are closed before it is dropped (PostgreSQL
     refuses to drop a database that has connections)."""
