@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
@@ -289,14 +289,54 @@ def setting_default(name: str) -> Any:
     return SETTINGS_BY_NAME[name].default
 
 
-def read_setting(conf: Mapping[str, Any], name: str) -> Any:
-    """Setting ``name`` from ``conf``, or its defined default when unset.
+class Overrides(Mapping[str, Any]):
+    """Settings a caller gives (``--url``, ``table_prefix=``) over a Celery
+    app's ``conf``, read through the conf's ``get``.
+
+    Not a ``ChainMap``: a conf read under a namespace
+    (``config_from_object("django.conf:settings", namespace="CELERY")``)
+    answers ``conf.get("singlebeat_url")`` with ``CELERY_SINGLEBEAT_URL``, but
+    ``"singlebeat_url" in conf`` is False until that first ``get``, and its
+    iteration can fail; a ChainMap asks ``in`` first, and so took the default
+    over the project's setting.
+    """
+
+    def __init__(self, given: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        self._given = given
+        self._conf = conf
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._given:
+            return self._given[name]
+        missing = object()
+        value = self._conf.get(name, missing)
+        if value is missing:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        # the given names only: a namespaced conf may not iterate
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
+
+
+#: ``read_setting``'s marker for "no ``unset`` given"
+_DEFINED = object()
+
+
+def read_setting(conf: Mapping[str, Any], name: str, unset: Any = _DEFINED) -> Any:
+    """Setting ``name`` from ``conf``, or its defined default when unset
+    (``unset`` instead, when given: a default that depends on the process,
+    as ``singlebeat_url``'s in a Django project).
 
     The only way the package reads a setting: a name missing from
     :data:`SETTINGS` raises KeyError at once, so the reference cannot lack a
     setting the code reads.
     """
-    return conf.get(name, SETTINGS_BY_NAME[name].default)
+    definition = SETTINGS_BY_NAME[name]
+    return conf.get(name, definition.default if unset is _DEFINED else unset)
 
 
 #: ``singlebeat_table_prefix``: an unquoted SQL identifier start, 30 characters at most.
@@ -618,8 +658,14 @@ class Settings:
         from .contrib.django.database import SCHEME, database_url, default_url
 
         # a Django project with the app installed coordinates in its own
-        # database unless told otherwise (contrib/django/database.py)
-        raw_url = read_setting(conf, "singlebeat_url") or default_url() or DEFAULT_URL
+        # database unless told otherwise (contrib/django/database.py); asked
+        # only when the setting is unset, since read_setting would answer the
+        # SQLite default and hide it
+        raw_url = (
+            read_setting(conf, "singlebeat_url", unset=None)
+            or default_url()
+            or read_setting(conf, "singlebeat_url")
+        )
         if isinstance(raw_url, str) and raw_url.startswith(SCHEME):
             raw_url = database_url(raw_url[len(SCHEME) :] or "default")
         try:

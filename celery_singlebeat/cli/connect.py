@@ -10,7 +10,6 @@ secrets the store connects with are scrubbed from every message.
 from __future__ import annotations
 
 import os
-from collections import ChainMap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
     """The validated settings: the app's (``celery -A``), the group's --url and
     --table-prefix over them, and ``overrides`` (``singlebeat_*`` names) last."""
-    from ..config import Settings
+    from ..config import Overrides, Settings
     from ..exceptions import ConfigurationError
 
     app = _app_of(ctx)
@@ -46,7 +45,7 @@ def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
         given["singlebeat_table_prefix"] = target.table_prefix
     given.update(overrides)
     try:
-        return Settings.from_conf(ChainMap(given, {} if app is None else app.conf))
+        return Settings.from_conf(Overrides(given, {} if app is None else app.conf))
     except ConfigurationError as exc:
         raise click.ClickException(_one_line(str(exc))) from None
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..config import Settings
+from ..config import Overrides, Settings
 from ..exceptions import InvalidEntry, ScheduleConflict, ScheduleNotFound
 from ..store.author import default_author
 from ..store.schedule_store import ScheduleStore
@@ -75,16 +75,18 @@ class Schedules:
         from ..store.sql import SqlStore
 
         conf: dict[str, Any] = {}
+        base: Any = {}
         tz = None
         if isinstance(app_or_url, str) or hasattr(app_or_url, "drivername"):
             conf["singlebeat_url"] = app_or_url
         elif app_or_url is not None:
-            conf.update(app_or_url.conf)
+            base = app_or_url.conf
             tz = app_or_url.timezone
             self._static |= set(app_or_url.conf.beat_schedule or {})
         if table_prefix is not None:
             conf["singlebeat_table_prefix"] = table_prefix
-        settings = Settings.from_conf(conf)
+        # read through the conf's get: a namespaced conf cannot be copied whole
+        settings = Settings.from_conf(Overrides(conf, base))
         store = SqlStore.from_settings(settings)
         store.prepare(settings.create_schema)
         return store, tz

@@ -7,13 +7,12 @@ with a privileged user, e.g. in a migration job.
 
 from __future__ import annotations
 
-from collections import ChainMap
 from collections.abc import MutableMapping
 from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..config import Settings
+from ..config import Overrides, Settings
 
 
 def create_schema(
@@ -38,7 +37,7 @@ def create_schema(
         overrides["singlebeat_url"] = url
     if table_prefix is not None:
         overrides["singlebeat_table_prefix"] = table_prefix
-    settings = Settings.from_conf(ChainMap(overrides, base))
+    settings = Settings.from_conf(Overrides(overrides, base))
     store = SqlStore(
         settings.url,
         table_prefix=settings.table_prefix,

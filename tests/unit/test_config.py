@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singlebeat.config import DEFAULT_MAX_LOOP_INTERVAL, Settings, parse_missed_policy
+from celery_singlebeat.config import (
+    DEFAULT_MAX_LOOP_INTERVAL,
+    Overrides,
+    Settings,
+    parse_missed_policy,
+)
 from celery_singlebeat.exceptions import ConfigurationError
 from celery_singlebeat.timeline.slots import MissedPolicy
 
@@ -281,3 +286,18 @@ def test_one_policy_parser_each_caller_names_the_part(part: str, value: Any, rea
     with pytest.raises(InvalidEntry) as stored:
         stored_entry("e", "proj.t", 30, missed={part: value})
     assert stored.value.problems == ((f"missed.{part}", reason),)
+
+
+def test_overrides_read_a_namespaced_conf_through_get() -> None:
+    # config_from_object(..., namespace="CELERY"), as Django projects configure
+    # Celery: the conf answers get() but not `in` for the unprefixed name, so a
+    # ChainMap over it read the defaults (the CLI's --url over a Django app)
+    class DjangoLike:
+        CELERY_SINGLEBEAT_LEASE = 20
+        CELERY_SINGLEBEAT_TABLE_PREFIX = "beat_"
+
+    app = Celery(set_as_current=False)
+    app.config_from_object(DjangoLike, namespace="CELERY")
+    settings = Settings.from_conf(Overrides({"singlebeat_table_prefix": "cli_"}, app.conf))
+    assert settings.lease == timedelta(seconds=20)
+    assert settings.table_prefix == "cli_"

@@ -57,7 +57,9 @@ def store_alias() -> str | None:
     """The Django database alias the store lives in (``django://<alias>``), or
     None when ``CELERY_SINGLEBEAT_URL`` names a database of its own: then a
     write cannot share the request's transaction, and runs in its own."""
-    url = celery_conf().get("singlebeat_url")
+    from ...config import read_setting
+
+    url = read_setting(celery_conf(), "singlebeat_url")
     if isinstance(url, str) and url.startswith(SCHEME):
         return url[len(SCHEME) :] or "default"
     return None

@@ -18,3 +18,11 @@ class SingleBeatConfig(AppConfig):
     label = "celery_singlebeat"
     verbose_name = "Celery beat (celery-singlebeat)"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register the system checks of the app's settings (checks.py)."""
+        from django.core import checks
+
+        from .checks import TAG, check_settings
+
+        checks.register(check_settings, TAG)

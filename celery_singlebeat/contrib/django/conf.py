@@ -12,6 +12,7 @@ project agrees on the database and the table prefix. Unset,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -49,15 +50,17 @@ class DjangoCeleryConf(Mapping[str, Any]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def beat_schedule(self) -> dict[str, Any]:
-        """``CELERY_BEAT_SCHEDULE``: the static entries, whose names a stored
-        entry may not take."""
-        return dict(getattr(settings, NAMESPACE + "BEAT_SCHEDULE", None) or {})
-
 
 def celery_conf() -> DjangoCeleryConf:
     """The project's Celery settings, as the replicas read them."""
     return DjangoCeleryConf()
+
+
+def beat_schedule() -> dict[str, Any]:
+    """``CELERY_BEAT_SCHEDULE``, Celery's own setting (not one of
+    celery-singlebeat's definitions): the entries whose names a stored
+    schedule may not take."""
+    return dict(getattr(settings, NAMESPACE + "BEAT_SCHEDULE", None) or {})
 
 
 def table_prefix() -> str:
@@ -65,3 +68,42 @@ def table_prefix() -> str:
     from ...config import read_setting
 
     return str(read_setting(celery_conf(), "singlebeat_table_prefix"))
+
+
+#: a word that may be a setting's name in a configuration error's message
+_WORD = re.compile(r"\b[a-z][a-z0-9_]*\b")
+
+#: Celery's own settings the configuration's messages name beside ours
+_CELERY_SETTINGS = frozenset({"beat_max_loop_interval", "beat_schedule"})
+
+
+def django_setting(name: str) -> str:
+    """The Django setting a Celery setting is read from: ``singlebeat_lease``
+    is ``CELERY_SINGLEBEAT_LEASE``."""
+    return NAMESPACE + name.upper()
+
+
+def in_django_terms(message: str) -> str:
+    """A configuration error's message naming the Django settings the user
+    wrote: ``singlebeat_lease=0s: ...`` becomes ``CELERY_SINGLEBEAT_LEASE=0s:
+    ...``. Only the names of settings are rewritten, never other words."""
+    from ...config import SETTINGS_BY_NAME
+
+    known = _CELERY_SETTINGS | set(SETTINGS_BY_NAME)
+    return _WORD.sub(
+        lambda m: django_setting(m.group(0)) if m.group(0) in known else m.group(0), message
+    )
+
+
+def celery_app() -> Any:
+    """A Celery app configured from Django's settings as a project's own is
+    (``config_from_object("django.conf:settings", namespace="CELERY")``), for
+    the management commands that run the CLI's click commands, which read an
+    app's ``conf``, ``timezone`` and ``beat_schedule``. It is not made the
+    current app, and loads no fixup: a command must not change the process's
+    Celery."""
+    from celery import Celery
+
+    app = Celery("django", set_as_current=False, fixups=[])
+    app.config_from_object("django.conf:settings", namespace=NAMESPACE.rstrip("_"))
+    return app

@@ -19,8 +19,9 @@ from sqlalchemy.engine import URL
 
 from ...exceptions import ConfigurationError
 
-#: Django ENGINE -> SQLAlchemy drivername.
-_ENGINES = {
+#: Django ENGINE -> SQLAlchemy drivername: the ENGINEs the store speaks
+#: (the system checks name any other)
+ENGINES = {
     "django.db.backends.postgresql": "postgresql+psycopg",
     "django.db.backends.postgresql_psycopg2": "postgresql+psycopg",
     "django.contrib.gis.db.backends.postgis": "postgresql+psycopg",
@@ -61,7 +62,7 @@ def url_of(db: dict[str, Any], where: str) -> URL:
     """The SQLAlchemy URL of one ``DATABASES`` entry (a connection's
     ``settings_dict``); ``where`` starts each error's message."""
     engine = db.get("ENGINE", "")
-    drivername = _ENGINES.get(engine)
+    drivername = ENGINES.get(engine)
     if drivername is None:
         raise ConfigurationError(
             f"{where}: unsupported Django ENGINE {engine!r}; "

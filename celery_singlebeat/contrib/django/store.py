@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .conf import celery_conf
+from .conf import beat_schedule, celery_conf, in_django_terms
 
 if TYPE_CHECKING:
     from ...config import Settings
@@ -27,10 +27,15 @@ _stores: dict[str, SqlStore] = {}
 
 def settings() -> Settings:
     """The project's validated settings (``CELERY_SINGLEBEAT_*``), as the
-    replicas read them."""
+    replicas read them; a ConfigurationError names the Django setting
+    (``CELERY_SINGLEBEAT_LEASE``), the one the project wrote."""
     from ...config import Settings
+    from ...exceptions import ConfigurationError
 
-    return Settings.from_conf(celery_conf())
+    try:
+        return Settings.from_conf(celery_conf())
+    except ConfigurationError as exc:
+        raise ConfigurationError(in_django_terms(str(exc))) from None
 
 
 def store() -> SqlStore:
@@ -58,7 +63,7 @@ def schedules(by: str | None = None) -> Schedules:
     editor in the history (the admin passes the user's name)."""
     from ...schedules.api import Schedules
 
-    api = Schedules(store=store(), by=by, static_names=celery_conf().beat_schedule())
+    api = Schedules(store=store(), by=by, static_names=list(beat_schedule()))
     api.default_tz = timezone()
     return api
 

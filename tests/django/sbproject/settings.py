@@ -3,12 +3,18 @@
 ``SB_DJANGO_DB`` picks the database: ``sqlite`` (a file, the default),
 ``postgres`` or ``mysql`` (the services of tests/conftest.py; ``SB_TEST_PG``
 and ``SB_TEST_MYSQL`` override their URLs). pytest-django creates a test
-database of its own per run and per xdist worker; the beat processes a test
-starts read the same settings with ``SB_DJANGO_NAME`` naming that database.
+database of its own per xdist worker (its name ends ``_gw0``, ``_gw1``); the
+beat processes and ``manage.py`` subprocesses a test starts read the same
+settings with ``SB_DJANGO_NAME`` naming that database.
+
+The test databases are named for this checkout (``RUN``): two checkouts
+running the suite at once on one PostgreSQL, MariaDB or /tmp would otherwise
+create, clobber and drop each other's ``test_test_gw0``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -58,10 +64,15 @@ STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
+#: this checkout's part of the test databases' names
+RUN = hashlib.sha1(str(BASE).encode()).hexdigest()[:8]
+
+
 def _database(kind: str) -> dict[str, object]:
     if kind == "sqlite":
         folder = Path(os.environ.get("SB_DJANGO_DIR") or tempfile.gettempdir())
-        name = os.environ.get("SB_DJANGO_NAME") or str(folder / "sb-django.sqlite")
+        # pytest-django appends each xdist worker's name to TEST's NAME
+        name = os.environ.get("SB_DJANGO_NAME") or str(folder / f"sb-django-{RUN}.sqlite")
         # a file, not Django's in-memory test database: the store and the beat
         # processes connect to it on connections of their own
         return {
@@ -78,10 +89,12 @@ def _database(kind: str) -> dict[str, object]:
         engine = "django.db.backends.mysql"
     else:
         raise RuntimeError(f"SB_DJANGO_DB={kind!r}: use sqlite, postgres or mysql")
-    name = os.environ.get("SB_DJANGO_NAME") or (url.path.lstrip("/") or "test")
+    given = os.environ.get("SB_DJANGO_NAME")
+    name = given or (url.path.lstrip("/") or "test")
     return {
         "ENGINE": engine,
         "NAME": name,
+        "TEST": {"NAME": given or f"test_sb_{RUN}"},
         "USER": url.username or "",
         "PASSWORD": url.password or "",
         "HOST": url.hostname or "127.0.0.1",

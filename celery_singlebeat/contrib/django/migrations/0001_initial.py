@@ -17,9 +17,15 @@ from typing import Any
 
 from django.db import migrations, models
 
+from celery_singlebeat.contrib.django.conf import table_prefix
+
+#: the tables' names follow CELERY_SINGLEBEAT_TABLE_PREFIX, as the models' do:
+#: with names written here, a project with another prefix would see
+#: ``makemigrations`` write a migration into the installed package
+PREFIX = table_prefix()
+
 
 def create_schema(apps: Any, schema_editor: Any) -> None:
-    from celery_singlebeat.contrib.django.conf import table_prefix
     from celery_singlebeat.contrib.django.database import url_of
     from celery_singlebeat.store.sql import SqlStore
 
@@ -54,7 +60,7 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "beat_schedule entry",
                 "verbose_name_plural": "beat_schedule entries",
-                "db_table": "singlebeat_catalog",
+                "db_table": f"{PREFIX}catalog",
                 "ordering": ("entry",),
                 "managed": False,
             },
@@ -69,7 +75,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name_plural": "entries",
-                "db_table": "singlebeat_entries",
+                "db_table": f"{PREFIX}entries",
                 "ordering": ("name",),
                 "permissions": [
                     ("pause_entry", "Can pause and resume an entry"),
@@ -89,7 +95,7 @@ class Migration(migrations.Migration):
                 ("acquired_us", models.BigIntegerField()),
             ],
             options={
-                "db_table": "singlebeat_locks",
+                "db_table": f"{PREFIX}locks",
                 "ordering": ("name",),
                 "permissions": [("release_lease", "Can release a SingletonTask lease")],
                 "managed": False,
@@ -105,7 +111,7 @@ class Migration(migrations.Migration):
                 ("at_us", models.BigIntegerField()),
             ],
             options={
-                "db_table": "singlebeat_pauses",
+                "db_table": f"{PREFIX}pauses",
                 "ordering": ("entry",),
                 "managed": False,
             },
@@ -129,7 +135,7 @@ class Migration(migrations.Migration):
                 ("lost_writes", models.IntegerField()),
             ],
             options={
-                "db_table": "singlebeat_replicas",
+                "db_table": f"{PREFIX}replicas",
                 "ordering": ("id",),
                 "managed": False,
             },
@@ -152,7 +158,7 @@ class Migration(migrations.Migration):
                 ("last_repeat_us", models.BigIntegerField(null=True)),
             ],
             options={
-                "db_table": "singlebeat_runs",
+                "db_table": f"{PREFIX}runs",
                 "ordering": ("-slot_us",),
                 "managed": False,
             },
@@ -170,7 +176,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "schedule change",
-                "db_table": "singlebeat_schedule_log",
+                "db_table": f"{PREFIX}schedule_log",
                 "ordering": ("-revision",),
                 "managed": False,
             },
@@ -190,7 +196,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "slot",
-                "db_table": "singlebeat_slots",
+                "db_table": f"{PREFIX}slots",
                 "ordering": ("-slot_us",),
                 "managed": False,
             },
@@ -221,7 +227,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "stored schedule",
-                "db_table": "singlebeat_schedules",
+                "db_table": f"{PREFIX}schedules",
                 "ordering": ("name",),
                 "managed": False,
             },

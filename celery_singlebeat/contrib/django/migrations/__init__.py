@@ -1,1 +1,1 @@
-"""The app's migrations: the store's schema (its DDL is the core's) and the models' state."""
+"""The app's one migration: the store's tables, made by the core's schema code."""

@@ -1,0 +1,1 @@
+"""The app's management commands (``commands/``) and what they share (``bridge.py``)."""

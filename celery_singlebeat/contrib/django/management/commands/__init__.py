@@ -1,0 +1,1 @@
+"""``manage.py singlebeat_*``: the ``singlebeat`` CLI's commands over the project's settings."""
