@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from admin_support import SimulatedReplica, close_stores, unique
-from conftest import IN_CI
+from tests_conftest import IN_CI
 from django.contrib.auth.models import User
 
 from celery_singlebeat.contrib.django import store
