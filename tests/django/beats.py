@@ -97,8 +97,11 @@ class Sent(NamedTuple):
     """One message as it sat in the queue."""
 
     entry: str
+    #: the slot's instant (0 for a message of django-celery-beat's scheduler)
     at_us: int
     kwargs: str
+    #: the reader's wall clock when it took the message
+    received: float = 0.0
 
 
 class RedisReader:
@@ -123,12 +126,21 @@ class RedisReader:
             pipe.delete(key)
         results = pipe.execute()
         batch = []
+        now = time.time()
         for items in results[0::2]:
             for item in reversed(items):
                 headers = json.loads(item)["headers"]
-                slot = headers["singlebeat_slot"]
+                slot = headers.get("singlebeat_slot") or {
+                    "entry": headers.get("periodic_task_name"),
+                    "at_us": 0,
+                }
                 batch.append(
-                    Sent(str(slot["entry"]), int(slot["at_us"]), str(headers.get("kwargsrepr")))
+                    Sent(
+                        str(slot["entry"]),
+                        int(slot["at_us"]),
+                        str(headers.get("kwargsrepr")),
+                        now,
+                    )
                 )
         with self._lock:
             self.sent.extend(batch)

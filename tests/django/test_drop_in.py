@@ -316,3 +316,16 @@ def test_a_one_off_is_disabled_after_its_send() -> None:
     assert PeriodicTasks.last_change() != bumped
     changes, cursor = source.changes(cursor)
     assert kinds(changes) == {"once": ChangeKind.REMOVED}
+
+
+def test_a_bump_with_nothing_changed_reads_no_row_again() -> None:
+    for i in range(20):
+        task(f"t{i}")
+    source = PeriodicTaskSource()
+    _, cursor = first_read(source)
+    PeriodicTasks.update_changed()
+    changes, cursor = source.changes(cursor)
+    assert changes == []
+    # last_update, the stamped rows (all 20: within CHANGED_SLACK), the
+    # projection, the rescan's slice; no read by id
+    assert source.reads["statements"] == 4

@@ -164,7 +164,14 @@ _FIRST = _Cursor(None, True)
 
 
 def _shape_digest(row: Sequence[Any]) -> int:
+    """Digest of a whole row's :data:`SHAPE` columns (the same value as
+    :func:`_projected_digest` of that row's projection)."""
     return hash((row[_F["enabled"]], *row[_F["interval__every"] :]))
+
+
+def _projected_digest(shape: Sequence[Any]) -> int:
+    """Digest of a row of the :data:`SHAPE` projection (its id left out)."""
+    return hash(tuple(shape[1:]))
 
 
 def _full_digest(row: Sequence[Any]) -> int:
@@ -322,7 +329,7 @@ class PeriodicTaskSource(EntrySource):
         again = [
             row[0]
             for row in shapes
-            if (k := known.get(row[0])) is None or k.shape != _shape_digest(row)
+            if (k := known.get(row[0])) is None or k.shape != _projected_digest(row)
         ]
         present = {row[0] for row in shapes}
         gone = [pk for pk in known if pk not in present]
