@@ -216,16 +216,19 @@ def render(results: dict[str, Any]) -> str:
     for row in results["sides"]:
         lines.append(
             f"{row['tasks']:>8,} {row['side']:<20} {row['replicas']:>8} {row['startup_s']:>10} "
-            f"{row['sends_per_run']:>9} {row['duplicates_per_slot']:>8} {row['pickup_median_s']:>17}"
+            f"{row['sends_per_run']:>9} {row['duplicates_per_slot']:>8} "
+            f"{row['pickup_median_s']:>17}"
         )
     cost = results["rescan"]
     lines += [
         "",
-        f"drop-in source at {cost['tasks']:,} tasks: first read {cost['first_read_s']} s; idle tick "
+        f"drop-in source at {cost['tasks']:,} tasks: first read {cost['first_read_s']} s; "
+        f"idle tick "
         f"{cost['idle_tick_ms']} ms, {cost['idle_statements_per_tick']} statements, "
         f"{cost['idle_rows_per_tick']:,} rows rescanned ({cost['rescan_rows_per_s']:,} rows/s); "
         f"after a PeriodicTasks bump {cost['bumped_tick_ms']} ms "
-        f"({cost['bumped_reads']['statements']} statements, {cost['bumped_reads']['rows']:,} rows); "
+        f"({cost['bumped_reads']['statements']} statements, "
+        f"{cost['bumped_reads']['rows']:,} rows); "
         f"a bare update() at the worst position seen after {cost['update_seen_after_ticks_of_1s']} "
         f"ticks of 1 s (bound {cost['rescan_period_s']:g} s)",
     ]
