@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...config import read_setting
 from ...scheduler import SingleBeatScheduler
 from ...sources import EntrySource
 from .database import SCHEME
@@ -56,8 +55,9 @@ class DatabaseScheduler(SingleBeatScheduler):
         sources: Sequence[EntrySource] = (),
         **kwargs: Any,
     ) -> None:
-        if not read_setting(app.conf, "singlebeat_url"):
+        if app.conf.get("singlebeat_url") is None:
             # the project's own database, whether or not the app is installed
+            # (read_setting would answer the setting's own default, a file)
             app.conf.singlebeat_url = SCHEME + "default"
         tasks = PeriodicTaskSource(app.timezone, rescan_period=self.rescan_period)
         #: the source over django-celery-beat's tables
