@@ -87,9 +87,13 @@ def drop_database() -> None:
 
 
 def seed(size: int, queue: str) -> None:
+    from django.db import connection
     from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
-    PeriodicTask.objects.all().delete()
+    # not QuerySet.delete(): django-celery-beat's pre_delete signal bumps
+    # PeriodicTasks once per row (100,000 statements)
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {PeriodicTask._meta.db_table}")
     far, _ = IntervalSchedule.objects.get_or_create(every=6, period="hours")
     second, _ = IntervalSchedule.objects.get_or_create(every=1, period="seconds")
     PeriodicTask.objects.bulk_create(

@@ -329,3 +329,27 @@ def test_a_bump_with_nothing_changed_reads_no_row_again() -> None:
     # last_update, the stamped rows (all 20: within CHANGED_SLACK), the
     # projection, the rescan's slice; no read by id
     assert source.reads["statements"] == 4
+
+
+def test_a_database_error_is_an_outage_and_a_reconnection_reads_everything() -> None:
+    from django.db import transaction
+
+    from celery_singlebeat.exceptions import StoreUnavailable
+
+    task("a"), task("b")
+    source = PeriodicTaskSource()
+    _, cursor = first_read(source)
+    table = PeriodicTasks._meta.db_table
+    if connection.vendor != "mysql":  # MySQL's DDL commits: the rename would stay
+        with (
+            pytest.raises(StoreUnavailable, match="django-celery-beat tables"),
+            transaction.atomic(),
+        ):
+            with connection.cursor() as raw:
+                raw.execute(f"ALTER TABLE {table} RENAME TO {table}_gone")
+            source.changes(cursor)
+    # a row deleted behind every signal: the full read after a reconnection finds it
+    with connection.cursor() as raw:
+        raw.execute(f"DELETE FROM {PeriodicTask._meta.db_table} WHERE name = %s", ["b"])
+    changes, cursor = source.changes(source.reconnected(cursor))
+    assert kinds(changes) == {"b": ChangeKind.REMOVED}
