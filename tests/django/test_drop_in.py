@@ -341,10 +341,8 @@ def test_a_database_error_is_an_outage_and_a_reconnection_reads_everything() -> 
     _, cursor = first_read(source)
     table = PeriodicTasks._meta.db_table
     if connection.vendor != "mysql":  # MySQL's DDL commits: the rename would stay
-        with (
-            pytest.raises(StoreUnavailable, match="django-celery-beat tables"),
-            transaction.atomic(),
-        ):
+        outage = pytest.raises(StoreUnavailable, match="django-celery-beat tables")
+        with outage, transaction.atomic():
             with connection.cursor() as raw:
                 raw.execute(f"ALTER TABLE {table} RENAME TO {table}_gone")
             source.changes(cursor)
