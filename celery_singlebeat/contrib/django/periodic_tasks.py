@@ -50,7 +50,8 @@ write-back (:meth:`PeriodicTaskSource.sent`) is never taken for an edit.
 
 The ORM runs in autocommit (Django's default; no ``atomic`` block is opened
 here), so every read sees the latest commits, also on MySQL's REPEATABLE
-READ. Each tick starts with ``close_old_connections()``; a database error
+READ; with ``AUTOCOMMIT`` off in ``DATABASES`` the source commits after its
+reads and its write-back itself. Each tick starts with ``close_old_connections()``; a database error
 closes the connection and raises
 :class:`~celery_singlebeat.exceptions.StoreUnavailable`, which the engine
 treats as an outage of the coordination database (it sends nothing, backs
@@ -245,8 +246,9 @@ class PeriodicTaskSource(EntrySource):
         try:
             return self._changes(cursor)
         except Error as exc:
+            message = _without_password(f"{type(exc).__name__}: {exc}")
             _close_connection()
-            raise StoreUnavailable(f"{LABEL} tables: {type(exc).__name__}: {exc}") from exc
+            raise StoreUnavailable(f"{LABEL} tables: {message}") from None
 
     def reconnected(self, cursor: object) -> object:
         """Read every row again: the database answering now may be a promoted
@@ -281,6 +283,7 @@ class PeriodicTaskSource(EntrySource):
             PeriodicTask.objects.filter(name=definition.name).update(**values)
             if one_off:
                 PeriodicTasks.update_changed()
+            _end_transaction()
         except Error:
             _close_connection()
             raise
@@ -296,6 +299,9 @@ class PeriodicTaskSource(EntrySource):
             # error, as Django does between requests (a caller's transaction,
             # a test's, is left alone: it would be closed under it)
             close_old_connections()
+            # a project with AUTOCOMMIT off: end the snapshot the last reads
+            # opened, or MySQL's REPEATABLE READ would show this state forever
+            _end_transaction()
         reads = self.reads = {"statements": 1, "rows": 0}
         last_update = (
             PeriodicTasks.objects.filter(ident=1).values_list("last_update", flat=True).first()
@@ -563,6 +569,26 @@ def _for_django(value: datetime) -> datetime:
     from django.utils import timezone as django_tz
 
     return django_tz.make_naive(value, django_tz.get_default_timezone())
+
+
+def _end_transaction() -> None:
+    """Commit when Django's connection is not in autocommit (``AUTOCOMMIT``
+    False in ``DATABASES``) and no caller's ``atomic`` block is open; nothing
+    otherwise (Django's default: every statement commits by itself)."""
+    from django.db import connection
+
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if not connection.get_autocommit():
+        connection.commit()
+
+
+def _without_password(text: str) -> str:
+    """``text`` with the database password of Django's connection masked."""
+    from django.db import connection
+
+    password = connection.settings_dict.get("PASSWORD")
+    return text.replace(password, "***") if password else text
 
 
 def _close_connection() -> None:
