@@ -351,3 +351,25 @@ def test_a_database_error_is_an_outage_and_a_reconnection_reads_everything() -> 
         raw.execute(f"DELETE FROM {PeriodicTask._meta.db_table} WHERE name = %s", ["b"])
     changes, cursor = source.changes(source.reconnected(cursor))
     assert kinds(changes) == {"b": ChangeKind.REMOVED}
+
+
+def test_the_scheduler_is_named_three_ways_and_defaults_to_djangos_database() -> None:
+    from importlib.metadata import entry_points
+
+    from celery import Celery
+    from kombu.utils.imports import symbol_by_name
+
+    from celery_singlebeat.contrib.django.scheduler import DatabaseScheduler
+
+    (point,) = [
+        p for p in entry_points(group="celery.beat_schedulers") if p.name == "django_singlebeat"
+    ]
+    assert point.load() is DatabaseScheduler
+    assert symbol_by_name("celery_singlebeat.contrib.django.DatabaseScheduler") is DatabaseScheduler
+    app = Celery("t", set_as_current=False)
+    scheduler = DatabaseScheduler(app, lazy=True)
+    assert scheduler.settings.url.database == connection.settings_dict["NAME"]
+    assert isinstance(scheduler.periodic_tasks, PeriodicTaskSource)
+    mine = Celery("t", set_as_current=False)
+    mine.conf.singlebeat_url = "sqlite:////tmp/elsewhere.sqlite"
+    assert DatabaseScheduler(mine, lazy=True).settings.url.database == "/tmp/elsewhere.sqlite"
