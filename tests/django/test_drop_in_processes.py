@@ -1,0 +1,99 @@
+"""Three real ``celery beat -S celery_singlebeat.contrib.django.DatabaseScheduler``
+replicas over django-celery-beat's tables: one send per slot, a one_off once,
+a ``save()`` in force within a second, a bare ``QuerySet.update()`` within its
+bound (at this table size, below ``rescan_min`` rows, the next tick), a
+disabled task silent from the next tick, and ``total_run_count`` equal to the
+sends (written once per slot, by the sender)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from beats import Beat, RedisReader, django_env, wait_for
+from django.db import connection
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+US = 1_000_000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_replicas_over_django_celery_beats_tables(tmp_path: Path) -> None:
+    from tests_conftest import REDIS_URL, require
+
+    require("redis")
+    if connection.vendor == "mysql":
+        pytest.skip("PostgreSQL and SQLite run it; MariaDB's store is covered by the core's suites")
+    queue = f"dropin-{uuid.uuid4().hex[:8]}"
+    second, _ = IntervalSchedule.objects.get_or_create(every=1, period="seconds")
+    two, _ = IntervalSchedule.objects.get_or_create(every=2, period="seconds")
+    for name, fields in {
+        "every": {},
+        "edit": {"kwargs": '{"v": 1}'},
+        "upd": {"kwargs": '{"v": 1}'},
+        "off": {},
+        "once": {"one_off": True, "interval": two},
+    }.items():
+        PeriodicTask.objects.create(
+            name=name,
+            task="sbproject.probe",
+            queue=queue,
+            **{"interval": second, **fields},
+        )
+    reader = RedisReader(REDIS_URL, queue)
+    env = django_env(connection.settings_dict, REDIS_URL)
+    beats = [
+        Beat(tmp_path, f"beat{i}", "celery_singlebeat.contrib.django.DatabaseScheduler", env)
+        for i in range(3)
+    ]
+    try:
+        wait_for(lambda: len(reader.of("every")) >= 3, 25, "three sends of 'every'")
+        wait_for(lambda: reader.of("once"), 5, "the one_off's send")
+        edited = time.time()
+        row = PeriodicTask.objects.get(name="edit")
+        row.kwargs = json.dumps({"v": 2})
+        row.save()
+        PeriodicTask.objects.filter(name="upd").update(kwargs=json.dumps({"v": 2}))
+        off = PeriodicTask.objects.get(name="off")
+        off.enabled = False
+        off.save()
+        after = len(reader.of("every"))
+        wait_for(lambda: len(reader.of("every")) >= after + 4, 15, "four more sends")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(b.log()[-4000:] for b in beats)) from None
+    finally:
+        for beat in beats:
+            beat.stop()
+        sent = reader.close()
+    logs = "\n".join(beat.log()[-3000:] for beat in beats)
+    assert all(beat.proc.returncode == 0 for beat in beats), logs
+    assert sum("coordinating" in beat.log() for beat in beats) == 3, logs
+    # singlebeat_url unset: the coordination tables are in Django's database
+    name = str(connection.settings_dict["NAME"])
+    assert all(f"{name} (lease" in beat.log() for beat in beats), logs
+
+    slots = Counter((s.entry, s.at_us) for s in sent)
+    assert [slot for slot, n in slots.items() if n > 1] == [], "a slot was sent twice"
+    assert len([s for s in sent if s.entry == "once"]) == 1
+    once = PeriodicTask.objects.get(name="once")
+    assert (once.enabled, once.total_run_count) == (False, 1)
+    edited_us = int(edited * US)
+    # in force within a second of the save; the bare update within the next tick
+    late_edit = [s for s in sent if s.entry == "edit" and s.at_us >= edited_us + US]
+    assert late_edit and all("'v': 2" in s.kwargs for s in late_edit), late_edit
+    late_upd = [s for s in sent if s.entry == "upd" and s.at_us >= edited_us + 2 * US]
+    assert late_upd and all("'v': 2" in s.kwargs for s in late_upd), late_upd
+    assert [s for s in sent if s.entry == "off" and s.at_us >= edited_us + US] == []
+    # written back once per slot, by its sender
+    every = PeriodicTask.objects.get(name="every")
+    assert every.total_run_count == len([s for s in sent if s.entry == "every"])
+    assert every.last_run_at is not None
+    assert int(every.last_run_at.timestamp() * US) == max(
+        s.at_us for s in sent if s.entry == "every"
+    )
