@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from admin_support import SimulatedReplica, close_stores, unique
-from tests_conftest import IN_CI
 from django.contrib.auth.models import User
+from tests_conftest import IN_CI
 
 from celery_singlebeat.contrib.django import store
 from celery_singlebeat.contrib.django.models import Pause, Slot
