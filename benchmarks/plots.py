@@ -368,7 +368,86 @@ def stored_entries(results: Path, out: Path) -> Path:
     return save(fig, out, "stored-entries.png")
 
 
-FIGURES = (throughput, silent_gap, dispatch_delay, stored_entries)
+def django_drop_in(results: Path, out: Path) -> Path:
+    """The drop-in against django-celery-beat's scheduler on the same tables
+    (django-beat-latest.json): start-up, a save's pickup, and sends per run,
+    3 replicas each."""
+    data = load(results, "django-beat-latest.json")
+    sides = data.get("sides") or []
+    kinds = (("django-celery-beat", "django"), ("drop-in", "singlebeat"))
+    if not sides:
+        raise MissingData("django-beat-latest.json: no side measured")
+    fig, (start, pickup, sends) = plt.subplots(1, 3, figsize=(13, 4))
+    sizes = sorted({s["tasks"] for s in sides})
+
+    def rows(side: str) -> list[dict[str, Any]]:
+        return sorted((s for s in sides if s["side"] == side), key=lambda s: s["tasks"])
+
+    for side, colour in kinds:
+        mine = rows(side)
+        if not mine:
+            continue
+        label = f"{side} ({mine[0]['replicas']} replicas)"
+        xs = [r["tasks"] for r in mine]
+        start.plot(
+            xs, [need(r, "startup_s", side) for r in mine], "-o", color=COLOURS[colour], label=label
+        )
+        pickup.plot(
+            xs,
+            [need(r, "pickup_median_s", side) for r in mine],
+            "-o",
+            color=COLOURS[colour],
+            label=f"{side}, median",
+        )
+        pickup.plot(
+            xs,
+            [max(need(r, "pickup_s", side)) for r in mine],
+            "--x",
+            color=COLOURS[colour],
+            label=f"{side}, worst",
+        )
+    width = 0.35
+    for n, (side, colour) in enumerate(kinds):
+        values = [
+            next((r["sends_per_run"] for r in rows(side) if r["tasks"] == size), 0.0)
+            for size in sizes
+        ]
+        bars = sends.bar(
+            [i + (n - 0.5) * width for i in range(len(sizes))],
+            values,
+            width,
+            color=COLOURS[colour],
+            label=side,
+        )
+        sends.bar_label(bars, labels=[f"{v:g}" for v in values], fontsize=7, padding=1)
+    sends.axhline(1.0, color="k", linestyle=":", linewidth=1, label="each run once")
+    sends.set_xticks(range(len(sizes)), [f"{s:,} tasks" for s in sizes])
+    sends.set_ylabel("messages per run of the probe (1 = once)")
+    sends.set_title("Sends per run, 3 replicas", fontsize=9)
+    pickup.axhline(1.0, color="k", linestyle=":", linewidth=1, label="1 s")
+    pickup.set_yscale("log")
+    pickup.set_ylabel("s from a save() to the first message carrying it")
+    pickup.set_title("A save's pickup (a probe due every second)", fontsize=9)
+    start.set_ylabel("s from the processes' start to the first probe sent")
+    start.set_title("Start-up", fontsize=9)
+    start.set_ylim(bottom=0)
+    for ax in (start, pickup):
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{s:,}" for s in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("periodic tasks")
+        ax.legend(fontsize=7)
+    sends.legend(fontsize=7)
+    fig.suptitle(
+        f"django-celery-beat's tables: its scheduler and the drop-in, commit "
+        f"{data.get('commit', '?')}\ndjango-beat-latest.json ({machine_line(data)})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return save(fig, out, "django-drop-in.png")
+
+
+FIGURES = (throughput, silent_gap, dispatch_delay, stored_entries, django_drop_in)
 
 
 def main(argv: list[str] | None = None) -> int:
