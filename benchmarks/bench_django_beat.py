@@ -13,14 +13,17 @@ Django suite's project (tests/django/sbproject):
   in it (1.00 is every run once; django-celery-beat's replicas each send it);
 * **duplicates per slot** (ours: slots named by ``singlebeat_slot`` sent more
   than once; theirs: sends per run minus one);
-* **change pickup**: from a ``save()`` of the probe's kwargs to its first
-  message carrying them.
+* **change pickup**: from a ``save()`` of the probe's kwargs (five, at varied
+  offsets within its second) to its first message carrying them (median and
+  max), and, for the drop-in, to the log line of the last replica that put
+  it in force.
 
-Then, in process, at the largest size: the drop-in source's cost per tick idle
-(statements, rows read by the rolling rescan, ms), after a ``PeriodicTasks``
-bump (the narrow projection), and how many 1 s ticks a bare
-``QuerySet.update()`` takes to be seen at the worst position (the row the rescan
-has just passed): the bound ``rescan_period``.
+Then, in process, at the largest size: the drop-in source's cost per tick
+idle (statements, digest rows, backstop rows, ms and CPU ms), after a
+``PeriodicTasks`` bump with nothing changed, after one ``save()``, after a
+bump with 1,000 distinct crontabs, and how many 1 s ticks a bare
+``QuerySet.update()`` takes to be seen at the worst position (the chunk the
+rolling digest comparison has just passed): the bound ``rescan_period``.
 
 Prints a table; writes benchmarks/results/django-beat-latest.json.
 
