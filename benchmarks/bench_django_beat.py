@@ -13,14 +13,17 @@ Django suite's project (tests/django/sbproject):
   in it (1.00 is every run once; django-celery-beat's replicas each send it);
 * **duplicates per slot** (ours: slots named by ``singlebeat_slot`` sent more
   than once; theirs: sends per run minus one);
-* **change pickup**: from a ``save()`` of the probe's kwargs to its first
-  message carrying them.
+* **change pickup**: from a ``save()`` of the probe's kwargs (five, at varied
+  offsets within its second) to its first message carrying them (median and
+  max), and, for the drop-in, to the log line of the last replica that put
+  it in force.
 
-Then, in process, at the largest size: the drop-in source's cost per tick idle
-(statements, rows read by the rolling rescan, ms), after a ``PeriodicTasks``
-bump (the narrow projection), and how many 1 s ticks a bare
-``QuerySet.update()`` takes to be seen at the worst position (the row the rescan
-has just passed): the bound ``rescan_period``.
+Then, in process, at the largest size: the drop-in source's cost per tick
+idle (statements, digest rows, backstop rows, ms and CPU ms), after a
+``PeriodicTasks`` bump with nothing changed, after one ``save()``, after a
+bump with 1,000 distinct crontabs, and how many 1 s ticks a bare
+``QuerySet.update()`` takes to be seen at the worst position (the chunk the
+rolling digest comparison has just passed): the bound ``rescan_period``.
 
 Prints a table; writes benchmarks/results/django-beat-latest.json.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -53,6 +57,9 @@ SIDES = {
 }
 REPLICAS = 3
 WINDOW_S = 8.0
+#: saves of the probe per side
+EDITS = 5
+LABEL = "of django-celery-beat"
 US = 1_000_000
 
 
@@ -140,8 +147,10 @@ def run_side(side: str, size: int, workdir: Path) -> dict[str, Any]:
             )
         else:
             result["duplicates_per_slot"] = round(max(0.0, len(probes) / WINDOW_S - 1), 2)
-        latencies = []
-        for edit in range(1, 4):
+        latencies, applied = [], []
+        for edit in range(1, EDITS + 1):
+            # saves at varied offsets within the probe's second
+            time.sleep(0.5 + 0.37 * edit % 1.0)
             row = PeriodicTask.objects.get(name="probe")
             row.kwargs = json.dumps({"v": edit})
             saved = time.time()
@@ -153,8 +162,17 @@ def run_side(side: str, size: int, workdir: Path) -> dict[str, Any]:
                 f"{side} edit {edit}",
             )
             latencies.append(min(s.received for s in seen) - saved)
+            if side == "drop-in":
+                applied.append(max(applied_after(beat, saved) for beat in beats) - saved)
         result["pickup_s"] = [round(x, 2) for x in latencies]
         result["pickup_median_s"] = round(statistics.median(latencies), 2)
+        result["pickup_max_s"] = round(max(latencies), 2)
+        if applied:
+            # the change in effect in every replica (its log line), the send
+            # then waits for the probe's next whole-second slot
+            result["applied_s"] = [round(x, 2) for x in applied]
+            result["applied_median_s"] = round(statistics.median(applied), 2)
+            result["applied_max_s"] = round(max(applied), 2)
     finally:
         for beat in beats:
             beat.stop()
@@ -162,9 +180,30 @@ def run_side(side: str, size: int, workdir: Path) -> dict[str, Any]:
     return result
 
 
+def applied_after(beat: Any, saved: float) -> float:
+    """When ``beat`` logged that it follows a changed entry of
+    django-celery-beat, first after ``saved`` (its log's clock: this host's)."""
+    import re
+    from datetime import datetime
+
+    pattern = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO")
+    for _ in range(100):
+        for line in beat.log().splitlines():
+            if "1 changed" not in line or LABEL not in line:
+                continue
+            match = pattern.match(line)
+            if match is None:
+                continue
+            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if at >= saved - 0.001:
+                return at
+        time.sleep(0.1)
+    return math.nan
+
+
 def rescan_cost(size: int) -> dict[str, Any]:
     """The drop-in source in process over ``size`` rows."""
-    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask, PeriodicTasks
 
     from celery_singlebeat.contrib.django.periodic_tasks import PeriodicTaskSource
 
@@ -174,67 +213,105 @@ def rescan_cost(size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     changes, cursor = source.changes(cursor)
     first_s = time.perf_counter() - t0
-    idle_ms, idle_rows = [], []
-    for _ in range(10):
-        clock[0] += 1.0
-        t0 = time.perf_counter()
-        changes, cursor = source.changes(cursor)
-        idle_ms.append((time.perf_counter() - t0) * 1000)
-        idle_rows.append(source.reads["rows"])
+
+    def ticks(count: int) -> tuple[float, float, dict[str, int]]:
+        nonlocal cursor
+        wall, cpu, reads = [], [], []
+        for _ in range(count):
+            clock[0] += 1.0
+            t0, c0 = time.perf_counter(), time.process_time()
+            _, cursor = source.changes(cursor)
+            wall.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.process_time() - c0) * 1000)
+            reads.append(dict(source.reads))
+        return statistics.median(wall), statistics.median(cpu), reads[len(reads) // 2]
+
+    idle_ms, idle_cpu_ms, idle_reads = ticks(10)
     PeriodicTasks.update_changed()
-    clock[0] += 1.0
-    t0 = time.perf_counter()
-    changes, cursor = source.changes(cursor)
-    bumped_ms = (time.perf_counter() - t0) * 1000
-    bumped_reads = dict(source.reads)
-    # the worst position: the row the rescan has just passed
-    behind = PeriodicTask.objects.filter(id__lte=source._scan_after).order_by("-id").first()
+    bumped = []
+    for _ in range(3):
+        PeriodicTasks.update_changed()
+        bumped.append(ticks(1))
+    bumped_ms = statistics.median(b[0] for b in bumped)
+    bumped_reads = bumped[0][2]
+    # one save, as the admin's change form does: the tick that sees it
+    row = PeriodicTask.objects.get(name="probe")
+    row.kwargs = json.dumps({"v": 99})
+    row.save()
+    saved_ms, _, saved_reads = ticks(1)
+    # 1,000 distinct crontabs among the tasks: the schedule tables' cost
+    crons = CrontabSchedule.objects.bulk_create(
+        CrontabSchedule(minute=str(i % 60), hour=str(i % 24), day_of_month=str(1 + i % 28))
+        for i in range(1000)
+    )
+    for i, cron in enumerate(crons):
+        PeriodicTask.objects.filter(name=f"far-{i}").update(interval=None, crontab=cron)
+    PeriodicTasks.update_changed()
+    ticks(2)
+    PeriodicTasks.update_changed()
+    cron_ms, _, cron_reads = ticks(1)
+    # a bare update() of another length at the worst position: the chunk the
+    # rolling comparison has just passed
+    ticks(1)
+    behind = (
+        PeriodicTask.objects.filter(id__lt=max(source._window_from, 1)).order_by("-id").first()
+        or PeriodicTask.objects.order_by("-id").first()
+    )
     assert behind is not None
-    PeriodicTask.objects.filter(pk=behind.pk).update(kwargs='{"bare": 1}')
-    ticks = 0
-    while True:
+    PeriodicTask.objects.filter(pk=behind.pk).update(kwargs='{"bare": 12345}')
+    seen = 0
+    while seen < 2000:
         clock[0] += 1.0
-        ticks += 1
+        seen += 1
         changes, cursor = source.changes(cursor)
-        if any(c.name == behind.name for c in changes) or ticks > 1000:
+        if any(c.name == behind.name for c in changes):
             break
     return {
         "tasks": size,
         "first_read_s": round(first_s, 2),
-        "idle_tick_ms": round(statistics.median(idle_ms), 1),
-        "idle_rows_per_tick": int(statistics.median(idle_rows)),
-        "idle_statements_per_tick": 2,
+        "idle_tick_ms": round(idle_ms, 1),
+        "idle_tick_cpu_ms": round(idle_cpu_ms, 1),
+        "idle_reads": idle_reads,
         "bumped_tick_ms": round(bumped_ms, 1),
         "bumped_reads": bumped_reads,
-        "update_seen_after_ticks_of_1s": ticks,
+        "saved_tick_ms": round(saved_ms, 1),
+        "saved_reads": saved_reads,
+        "crontabs_1000_bumped_tick_ms": round(cron_ms, 1),
+        "crontabs_1000_reads": cron_reads,
+        "update_seen_after_ticks_of_1s": seen,
         "rescan_period_s": source.rescan_period,
-        "rescan_rows_per_s": round(size / source.rescan_period),
+        "backstop_period_s": source.backstop_period,
     }
 
 
 def render(results: dict[str, Any]) -> str:
     lines = [
         f"{'tasks':>8} {'scheduler':<20} {'replicas':>8} {'start-up s':>10} "
-        f"{'sends/run':>9} {'dup/slot':>8} {'pickup s (median)':>17}",
+        f"{'sends/run':>9} {'dup/slot':>8} {'save->send median/max':>21} "
+        f"{'save->in effect median/max':>26}",
     ]
     for row in results["sides"]:
         lines.append(
             f"{row['tasks']:>8,} {row['side']:<20} {row['replicas']:>8} {row['startup_s']:>10} "
             f"{row['sends_per_run']:>9} {row['duplicates_per_slot']:>8} "
-            f"{row['pickup_median_s']:>17}"
+            f"{row['pickup_median_s']:>10}/{row['pickup_max_s']:<10} "
+            f"{row.get('applied_median_s', '-'):>13}/{row.get('applied_max_s', '-'):<12}"
         )
     cost = results["rescan"]
     lines += [
         "",
-        f"drop-in source at {cost['tasks']:,} tasks: first read {cost['first_read_s']} s; "
-        f"idle tick "
-        f"{cost['idle_tick_ms']} ms, {cost['idle_statements_per_tick']} statements, "
-        f"{cost['idle_rows_per_tick']:,} rows rescanned ({cost['rescan_rows_per_s']:,} rows/s); "
-        f"after a PeriodicTasks bump {cost['bumped_tick_ms']} ms "
-        f"({cost['bumped_reads']['statements']} statements, "
-        f"{cost['bumped_reads']['rows']:,} rows); "
-        f"a bare update() at the worst position seen after {cost['update_seen_after_ticks_of_1s']} "
-        f"ticks of 1 s (bound {cost['rescan_period_s']:g} s)",
+        f"drop-in source at {cost['tasks']:,} tasks, in process: first read "
+        f"{cost['first_read_s']} s",
+        f"  idle tick: {cost['idle_tick_ms']} ms ({cost['idle_tick_cpu_ms']} ms CPU), "
+        f"{cost['idle_reads']}",
+        f"  tick after a bump, nothing changed: {cost['bumped_tick_ms']} ms, "
+        f"{cost['bumped_reads']}",
+        f"  tick after one save(): {cost['saved_tick_ms']} ms, {cost['saved_reads']}",
+        f"  tick after a bump, 1,000 crontabs: {cost['crontabs_1000_bumped_tick_ms']} ms, "
+        f"{cost['crontabs_1000_reads']}",
+        f"  a bare update() at the worst position seen after "
+        f"{cost['update_seen_after_ticks_of_1s']} ticks of 1 s (bound "
+        f"{cost['rescan_period_s']:g} s; backstop {cost['backstop_period_s']:g} s)",
     ]
     return "\n".join(lines)
 

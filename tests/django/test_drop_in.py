@@ -22,6 +22,7 @@ from django_celery_beat.models import (
     SolarSchedule,
 )
 
+from celery_singlebeat.contrib.django.periodic_digests import CHUNK, chunk_of
 from celery_singlebeat.contrib.django.periodic_tasks import (
     LABEL,
     OneOffSchedule,
@@ -161,18 +162,91 @@ def test_a_row_that_cannot_be_read_is_logged_and_not_sent(caplog: pytest.LogCapt
     assert "'bad' cannot be scheduled (kwargs is not JSON" in caplog.text
 
 
-def test_an_idle_tick_costs_one_lookup_and_the_rescan_slice() -> None:
+def test_an_idle_tick_costs_one_lookup_a_digest_window_and_the_backstop_slice() -> None:
     for i in range(5):
         task(f"t{i}")
-    source = PeriodicTaskSource()
+    source = PeriodicTaskSource(now=Clock())
     _, cursor = first_read(source)
     with CaptureQueriesContext(connection) as queries:
         changes, cursor = source.changes(cursor)
     assert changes == []
     sql = [q["sql"] for q in queries.captured_queries]
-    assert len(sql) == 2, sql
+    assert len(sql) == 3, sql
     assert "django_celery_beat_periodictasks" in sql[0]
-    assert "LIMIT" in sql[1].upper()
+    assert "GROUP BY" in sql[1].upper()
+    assert "LIMIT" in sql[2].upper()
+    assert source.reads["rows"] == 0
+
+
+def many(count: int) -> list[int]:
+    """``count`` tasks, stamped an hour ago (out of the stamped rows' read),
+    their ids."""
+    interval = every(10)
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(name=f"t{i:04d}", task="proj.probe", interval=interval, kwargs='{"v": 1}')
+        for i in range(count)
+    )
+    PeriodicTask.objects.update(date_changed=datetime.now(UTC) - timedelta(hours=1))
+    return list(PeriodicTask.objects.order_by("id").values_list("id", flat=True))
+
+
+def chunks_of(*ids: int) -> int:
+    return len({chunk_of(pk) for pk in ids})
+
+
+def test_each_kind_of_change_after_a_bump_reads_only_its_chunks() -> None:
+    """A bump compares every chunk's digest (one statement) and reads whole
+    only the chunks that differ: never the 600 rows again."""
+    ids = many(600)
+    clock = Clock()
+    source = PeriodicTaskSource(now=clock)
+    _, cursor = first_read(source)
+
+    def tick() -> dict[str, ChangeKind]:
+        clock.now += 1.0
+        nonlocal cursor
+        changes, cursor = source.changes(cursor)
+        return kinds(changes)
+
+    # a save(): its chunk (and the row, stamped)
+    row = PeriodicTask.objects.get(pk=ids[100])
+    row.kwargs = '{"v": 2}'
+    row.save()
+    assert tick() == {row.name: ChangeKind.CHANGED}
+    assert source.reads["rows"] <= 1 + CHUNK, source.reads
+    # the admin's disable action: update() then a bump, no stamp
+    PeriodicTask.objects.filter(pk=ids[300]).update(enabled=False)
+    PeriodicTasks.update_changed()
+    assert tick() == {f"t{300:04d}": ChangeKind.REMOVED}
+    assert source.reads["rows"] <= CHUNK, source.reads
+    # two rows of one chunk swapping their flag: the sum of the enabled ids
+    # alone could not tell; the bit sets can
+    a, b = ids[300], next(pk for pk in ids[301:] if chunk_of(pk) == chunk_of(ids[300]))
+    PeriodicTask.objects.filter(pk=a).update(enabled=True)
+    PeriodicTask.objects.filter(pk=b).update(enabled=False)
+    PeriodicTasks.update_changed()
+    names = dict(PeriodicTask.objects.filter(pk__in=[a, b]).values_list("pk", "name"))
+    assert tick() == {names[a]: ChangeKind.CHANGED, names[b]: ChangeKind.REMOVED}
+    assert source.reads["rows"] <= CHUNK, source.reads
+    # a deletion (its signal bumps): a chunk whose set of ids changed
+    PeriodicTask.objects.get(pk=ids[500]).delete()
+    assert tick() == {f"t{500:04d}": ChangeKind.REMOVED}
+    assert source.reads["rows"] <= CHUNK, source.reads
+    # a shared schedule row edited: the tasks that use it, found by their
+    # foreign key, and no chunk
+    lone = IntervalSchedule.objects.create(every=7, period="seconds")
+    PeriodicTask.objects.filter(pk__in=ids[:3]).update(interval=lone)
+    PeriodicTasks.update_changed()
+    assert set(tick()) == {f"t{i:04d}" for i in range(3)}
+    lone.every = 8
+    lone.save()
+    changes = tick()
+    assert set(changes) == {f"t{i:04d}" for i in range(3)}
+    assert source.reads["rows"] == 3, source.reads
+    # nothing changed: a bump reads no row whole
+    PeriodicTasks.update_changed()
+    assert tick() == {}
+    assert source.reads["rows"] == 0, source.reads
 
 
 def test_save_delete_and_a_shared_schedule_edit_are_seen_at_the_next_tick() -> None:
@@ -248,35 +322,55 @@ def test_the_admins_change_form_takes_effect(admin_client: object) -> None:
 
 
 def test_a_bare_update_is_in_force_within_the_rescan_period() -> None:
-    interval = every(10)
-    PeriodicTask.objects.bulk_create(
-        PeriodicTask(name=f"t{i:04d}", task="proj.probe", interval=interval, kwargs='{"v": 1}')
-        for i in range(1000)
-    )
+    """No bump: the rolling digest comparison finds it within
+    ``rescan_period`` reading only its chunk; a same-length text the digests
+    cannot see, within ``backstop_period``."""
+    ids = many(1000)
     clock = Clock()
-    source = PeriodicTaskSource(rescan_period=10.0, now=clock)
+    source = PeriodicTaskSource(rescan_period=5.0, backstop_period=100.0, now=clock)
     _, cursor = first_read(source)
-    PeriodicTask.objects.filter(name="t0999").update(kwargs='{"v": 2}')
-    seen_at = None
-    for tick in range(1, 12):
-        clock.now = float(tick)
+
+    def until(found: object, ticks: int) -> tuple[int, list[object]]:
+        nonlocal cursor
+        for tick in range(1, ticks + 1):
+            clock.now += 1.0
+            changes, cursor = source.changes(cursor)
+            if changes:
+                return tick, list(changes)
+            assert source.reads["rows"] == 0, source.reads
+            assert source.reads["statements"] <= 4, source.reads
+        raise AssertionError(f"{found} not found in {ticks} ticks")
+
+    # kwargs of another length, the row just behind the comparison's position
+    PeriodicTask.objects.filter(pk=ids[-1]).update(kwargs='{"v": 10}')
+    tick, changes = until("the kwargs", 6)
+    assert [(c.name, c.definition.kwargs) for c in changes] == [("t0999", {"v": 10})]  # type: ignore[attr-defined]
+    assert source.reads["rows"] <= CHUNK
+    # two rows of one chunk swapping their interval: the weighted sum sees it
+    other = IntervalSchedule.objects.create(every=11, period="seconds")
+    a, b = ids[0], ids[1]
+    PeriodicTask.objects.filter(pk=a).update(interval=other)
+    tick, changes = until("the first", 6)
+    PeriodicTask.objects.filter(pk=a).update(interval=every(10))
+    PeriodicTask.objects.filter(pk=b).update(interval=other)
+    tick, changes = until("the swap", 6)
+    assert set(kinds(changes)) == {"t0000", "t0001"}
+    # a row deleted without a signal (raw SQL): its chunk's set of ids
+    with connection.cursor() as raw:
+        raw.execute(f"DELETE FROM {PeriodicTask._meta.db_table} WHERE id = %s", [ids[500]])
+    tick, changes = until("the deletion", 6)
+    assert kinds(changes) == {"t0500": ChangeKind.REMOVED}
+    # the same length: only the backstop reads it, within its period
+    PeriodicTask.objects.filter(pk=ids[10]).update(kwargs='{"v": 3}')
+    nonlocal_seen = None
+    for tick in range(1, 102):
+        clock.now += 1.0
         changes, cursor = source.changes(cursor)
         if changes:
-            assert [(c.name, c.definition.kwargs) for c in changes] == [("t0999", {"v": 2})]  # type: ignore[union-attr]
-            seen_at = tick
+            nonlocal_seen = tick
+            assert [(c.name, c.definition.kwargs) for c in changes] == [("t0010", {"v": 3})]  # type: ignore[union-attr]
             break
-        # one statement for last_update, one slice: the larger of rescan_min and rows/period
-        assert source.reads == {"statements": 2, "rows": max(source.rescan_min, 100)}
-    assert seen_at is not None and seen_at <= 10
-    # a row deleted without a signal (raw SQL) goes within the period as well
-    with connection.cursor() as raw:
-        raw.execute(f"DELETE FROM {PeriodicTask._meta.db_table} WHERE name = %s", ["t0500"])
-    removed = []
-    for tick in range(12, 24):
-        clock.now = float(tick)
-        changes, cursor = source.changes(cursor)
-        removed += [c.name for c in changes if c.kind is ChangeKind.REMOVED]
-    assert removed == ["t0500"]
+    assert nonlocal_seen is not None and nonlocal_seen <= 100
 
 
 def test_write_back_touches_only_its_columns_once_per_slot() -> None:
@@ -326,9 +420,10 @@ def test_a_bump_with_nothing_changed_reads_no_row_again() -> None:
     PeriodicTasks.update_changed()
     changes, cursor = source.changes(cursor)
     assert changes == []
-    # last_update, the stamped rows (all 20: within CHANGED_SLACK), the
-    # projection, the rescan's slice; no read by id
-    assert source.reads["statements"] == 4
+    # last_update, the digests, the four schedule tables, the backstop's
+    # slice; no row read because it changed
+    assert source.reads["statements"] == 7, source.reads
+    assert source.reads["rows"] == 0, source.reads
 
 
 def test_a_database_error_is_an_outage_and_a_reconnection_reads_everything() -> None:

@@ -1,7 +1,7 @@
 """Three real ``celery beat -S celery_singlebeat.contrib.django.DatabaseScheduler``
 replicas over django-celery-beat's tables: one send per slot, a one_off once,
 a ``save()`` in force within a second, a bare ``QuerySet.update()`` within its
-bound (at this table size, below ``rescan_min`` rows, the next tick), a
+bound (at this table size, one chunk, whose digest is compared every tick: the next tick), a
 disabled task silent from the next tick, and ``total_run_count`` equal to the
 sends (written once per slot, by the sender)."""
 

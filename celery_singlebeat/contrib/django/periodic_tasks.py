@@ -27,25 +27,38 @@ What maps to what (django-celery-beat's ``ModelEntry`` is the reference):
   with a full-row save; this source writes nothing it did not send);
 * ``enabled`` False: the entry is removed from the tick that sees it.
 
-How changes are found, each tick, without reading every row:
+How changes are found, each tick, without reading every row
+(:mod:`.periodic_digests` says what a chunk's digest holds and what it cannot
+see):
 
 1. ``PeriodicTasks.last_update`` (one row, which django-celery-beat bumps on
    every ``save()``/``delete()`` of a task or a schedule, and its admin after
-   each bulk action): one primary-key read, the whole cost of an idle tick.
-2. When it moved: the rows whose ``date_changed`` (``auto_now``) is at or after
-   the highest one read before, less :data:`CHANGED_SLACK` (the writers'
-   clocks and late commits), read whole; then one narrow projection of every
-   row (its id, ``enabled`` and its schedule's columns, joined), whose
-   digest per row finds what ``save()`` did not stamp: the admin's
-   enable/disable/toggle actions (``QuerySet.update()`` then a bump), an edited
-   interval or crontab row shared by many tasks, and deletions.
-3. Always: a rolling rescan reads the next slice of the table (by id) whole
-   and compares each row's digest with the one in force, so a
-   ``QuerySet.update()`` that bumped nothing (a data migration, a script) is in
-   force within :attr:`PeriodicTaskSource.rescan_period` (60 s by default):
-   each tick reads ``rows x elapsed / rescan_period`` rows.
+   each bulk action): one primary-key read.
+2. When it moved, and at the tick after (django-celery-beat bumps in
+   ``pre_save``, committed before the row): every chunk's digest, computed
+   in the database (one ``GROUP BY`` statement, one row per
+   :data:`~.periodic_digests.CHUNK` ids), compared with the digests held;
+   only the rows of the chunks that differ are read whole, and the rows of a
+   chunk held but no longer there are removed. A ``save()`` moves its
+   chunk's latest ``date_changed``; the admin's enable/disable/toggle
+   actions (``QuerySet.update()`` then a bump) move its exact set of enabled
+   ids. The schedule tables (interval, crontab, solar, clocked; few rows:
+   tasks share them) are read whole and compared, and the tasks of a schedule
+   row that changed or went are read whole (by their foreign key).
+3. Otherwise: the digests of the next chunks (by id), so that every chunk is
+   compared within :attr:`PeriodicTaskSource.rescan_period` (10 s by
+   default), and the schedule tables once per period: a ``QuerySet.update()``
+   that bumped nothing (a data migration, a script) is in force within that
+   bound when the digests see it, reading only its chunk.
+4. Always: the backstop reads the next slice of the table whole and compares
+   each row with the one in force, so that what the digests cannot see (a
+   bare ``update()`` of a text of the same length, of ``start_time`` from one
+   instant to another) is in force within
+   :attr:`PeriodicTaskSource.backstop_period` (600 s by default):
+   ``rows x elapsed / backstop_period`` rows a tick, at least
+   :attr:`~PeriodicTaskSource.backstop_min`.
 
-``last_run_at``, ``total_run_count`` are not in any digest, so the source's own
+``last_run_at``, ``total_run_count`` are in no digest, and never compared, so the source's own
 write-back (:meth:`PeriodicTaskSource.sent`) is never taken for an edit.
 
 The ORM runs in autocommit (Django's default; no ``atomic`` block is opened
@@ -60,11 +73,12 @@ off, and the next tick connects again).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -75,19 +89,12 @@ from ...exceptions import StoreUnavailable
 from ...sources import Change, ChangeKind, EntryDefinition, EntrySource
 from ...timeline.bounds import At, BoundedSchedule, Bounds
 from ...timeline.clock import datetime_to_us, us_to_datetime
+from .periodic_digests import CHUNK, Digest, differing, digests
 
 logger = logging.getLogger("celery_singlebeat.scheduler")
 
 #: the source's label, in every message about one of its entries
 LABEL = "django-celery-beat"
-
-#: how far before the highest ``date_changed`` already read a change read
-#: again looks: ``date_changed`` is the writing process's clock, stamped
-#: before its commit, so a row committed late, or by a process whose clock is
-#: behind, carries an older stamp than one read earlier. Rows read twice are
-#: compared by digest and reported only if they differ. Beyond this, the
-#: rolling rescan finds it.
-CHANGED_SLACK = timedelta(seconds=10)
 
 #: rows of these names are not entries of this source: Celery adds
 #: ``celery.backend_cleanup`` to ``beat_schedule`` (when ``result_expires`` is
@@ -95,10 +102,6 @@ CHANGED_SLACK = timedelta(seconds=10)
 #: ``beat_schedule`` alone, so the row it left is skipped rather than refused
 #: as a second definition of one name every tick
 IGNORED = frozenset({"celery.backend_cleanup"})
-
-#: a read by id list is cut into chunks of this many ids (SQLite allows 999
-#: parameters a statement in old builds)
-_ID_CHUNK = 500
 
 #: the columns of a row the definition is made of, in this order
 FIELDS: tuple[str, ...] = (
@@ -137,10 +140,6 @@ FIELDS: tuple[str, ...] = (
 )
 _F = {name: index for index, name in enumerate(FIELDS)}
 
-#: the narrow projection read when ``last_update`` moved: what an update() of
-#: the admin's actions or an edit of a shared schedule row changes
-SHAPE: tuple[str, ...] = ("id", "enabled", *FIELDS[16:])
-
 
 class _Known(NamedTuple):
     """What the source last reported of one row."""
@@ -148,8 +147,6 @@ class _Known(NamedTuple):
     name: str
     #: digest of every column the definition is made of
     full: int
-    #: digest of the :data:`SHAPE` columns
-    shape: int
 
 
 class _Cursor(NamedTuple):
@@ -164,17 +161,6 @@ class _Cursor(NamedTuple):
 _FIRST = _Cursor(None, True)
 
 
-def _shape_digest(row: Sequence[Any]) -> int:
-    """Digest of a whole row's :data:`SHAPE` columns (the same value as
-    :func:`_projected_digest` of that row's projection)."""
-    return hash((row[_F["enabled"]], *row[_F["interval__every"] :]))
-
-
-def _projected_digest(shape: Sequence[Any]) -> int:
-    """Digest of a row of the :data:`SHAPE` projection (its id left out)."""
-    return hash(tuple(shape[1:]))
-
-
 def _full_digest(row: Sequence[Any]) -> int:
     return hash(tuple(row[1:]))
 
@@ -187,46 +173,66 @@ class PeriodicTaskSource(EntrySource):
     replica already saw replaced (as it does for stored schedules). What
     bounds the window instead is how soon each replica sees an edit: the next
     tick (about a second) for a ``save()``, ``delete()`` or an admin action,
-    :attr:`rescan_period` for a bare ``QuerySet.update()``. Within that window
-    a replica may still send a slot under the definition it had, once (every
-    slot is still sent once, under one definition or the other).
+    :attr:`rescan_period` for a bare ``QuerySet.update()`` the digests see,
+    :attr:`backstop_period` for one they cannot (the module's docstring).
+    Within that window a replica may still send a slot under the definition
+    it had, once (every slot is still sent once, under one definition or the
+    other).
 
     ``now`` (the process's monotonic clock, in seconds) paces the rolling
-    rescan; tests pass their own.
+    digest comparison and the backstop; tests pass their own.
     """
 
     label = LABEL
     writes_back = True
 
-    #: every row is read whole again within this many seconds (the bound on a
-    #: ``QuerySet.update()`` that bumped nothing)
-    rescan_period: float = 60.0
-    #: at least this many rows a tick are rescanned (a small table is then
-    #: rescanned every few ticks)
-    rescan_min: int = 200
+    #: every chunk's digest is compared again within this many seconds: the
+    #: bound on a ``QuerySet.update()`` that bumped nothing, for what the
+    #: digests see (:mod:`.periodic_digests`)
+    rescan_period: float = 10.0
+    #: every row is read whole again within this many seconds: the bound on a
+    #: bare ``QuerySet.update()`` the digests cannot see (a same-length text)
+    backstop_period: float = 600.0
+    #: at least this many rows a tick are read by the backstop (a small table
+    #: is then read again every few ticks)
+    backstop_min: int = 20
 
     def __init__(
         self,
         default_tz: Any = None,
         *,
         rescan_period: float | None = None,
+        backstop_period: float | None = None,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._default_tz = default_tz
-        if rescan_period is not None:
-            if not rescan_period > 0:
-                raise ValueError(f"rescan_period={rescan_period!r}: must be more than 0 seconds")
-            self.rescan_period = rescan_period
+        for name, value in (("rescan_period", rescan_period), ("backstop_period", backstop_period)):
+            if value is not None:
+                if not value > 0:
+                    raise ValueError(f"{name}={value!r}: must be more than 0 seconds")
+                setattr(self, name, value)
         self._now = now
         self._known: dict[int, _Known] = {}
-        #: the highest ``date_changed`` read so far
-        self._high: datetime | None = None
-        #: the rescan's position (the last id it read) and when it last ran
+        #: each chunk's digest as last compared, by the chunk's first id
+        self._chunks: dict[int, Digest] = {}
+        #: the chunks' first ids in order (None: to sort again)
+        self._order: list[int] | None = None
+        #: each schedule table's rows as last read: table -> id -> columns
+        self._schedules: dict[str, dict[int, tuple[Any, ...]]] = {}
+        #: True: the last tick saw a bump (:meth:`_changes`)
+        self._echo = False
+        #: the rolling comparison's position (the next chunk) and when it ran
+        self._window_from = 0
+        self._window_at: float | None = None
+        #: when the schedule tables were last read
+        self._schedules_at: float | None = None
+        #: the backstop's position (the last id it read) and when it last ran
         self._scan_after = 0
         self._scan_at: float | None = None
-        #: what each part of the last :meth:`changes` read, for the benchmark
-        #: and tests: statements and rows
-        self.reads = {"statements": 0, "rows": 0}
+        #: what the last :meth:`changes` read, for the benchmark and tests:
+        #: statements; rows read whole because they changed (or the first
+        #: read); digest rows (chunks); schedule rows; the backstop's rows
+        self.reads = _reads()
 
     # -- the interface -----------------------------------------------------
 
@@ -237,8 +243,8 @@ class PeriodicTaskSource(EntrySource):
         return (), _FIRST
 
     def changes(self, cursor: object) -> tuple[Sequence[Change], object]:
-        """What changed since ``cursor``: one statement when nothing did,
-        besides the rescan's slice (see the module's docstring)."""
+        """What changed since ``cursor``: three small statements when nothing
+        did (see the module's docstring)."""
         from django.db import Error
 
         if not isinstance(cursor, _Cursor):
@@ -302,59 +308,137 @@ class PeriodicTaskSource(EntrySource):
             # a project with AUTOCOMMIT off: end the snapshot the last reads
             # opened, or MySQL's REPEATABLE READ would show this state forever
             _end_transaction()
-        reads = self.reads = {"statements": 1, "rows": 0}
+        self.reads = _reads()
+        self.reads["statements"] += 1
         last_update = (
             PeriodicTasks.objects.filter(ident=1).values_list("last_update", flat=True).first()
         )
         if cursor.reread:
-            rows = list(PeriodicTask.objects.values_list(*FIELDS))
-            reads["statements"] += 1
-            reads["rows"] += len(rows)
-            changes = self._apply(rows, whole=True)
-            self._scan_after, self._scan_at = 0, self._now()
-            return changes, _Cursor(last_update)
+            return self._read_all(PeriodicTask), _Cursor(last_update)
         changes = []
-        if last_update != cursor.last_update:
-            changes.extend(self._changed(PeriodicTask))
-        changes.extend(self._rescan(PeriodicTask))
+        if last_update != cursor.last_update or self._echo:
+            # django-celery-beat bumps in pre_save, committed before the row
+            # is: a tick between the two commits sees the bump, not the row.
+            # The tick after a bump compares every chunk once more.
+            self._echo = last_update != cursor.last_update
+            changes.extend(self._bumped(PeriodicTask))
+        else:
+            changes.extend(self._window(PeriodicTask))
+        changes.extend(self._backstop(PeriodicTask))
         return changes, _Cursor(last_update)
 
-    def _changed(self, model: Any) -> list[Change]:
-        """The rows stamped since the highest ``date_changed`` read, then the
-        rows whose :data:`SHAPE` differs, new ones, and deletions."""
-        reads = self.reads
-        query = model.objects.all()
-        if self._high is not None:
-            query = query.filter(date_changed__gte=self._high - CHANGED_SLACK)
-        rows = list(query.values_list(*FIELDS))
-        changes = self._apply(rows, whole=False)
-        shapes = list(model.objects.values_list(*SHAPE))
-        reads["statements"] += 2
-        reads["rows"] += len(rows) + len(shapes)
-        known = self._known
-        again = [
-            row[0]
-            for row in shapes
-            if (k := known.get(row[0])) is None or k.shape != _projected_digest(row)
-        ]
-        present = {row[0] for row in shapes}
-        gone = [pk for pk in known if pk not in present]
-        changes.extend(self._removed(gone))
-        if again:
-            whole = self._read_ids(model, again)
-            changes.extend(self._apply(whole, whole=False))
+    def _read_all(self, model: Any) -> list[Change]:
+        """Every row whole, every digest, every schedule row: the first read,
+        and after a reconnection. The digests are read first: a row changed
+        between the two reads makes its chunk differ at the next look, and is
+        read again then."""
+        chunks = self._digests(model.objects.all())
+        self._schedule_changes(model, read_tasks=False)
+        rows = list(model.objects.values_list(*FIELDS))
+        self.reads["statements"] += 1
+        self.reads["rows"] += len(rows)
+        self._set_chunks(chunks, 0, math.inf)
+        now = self._now()
+        self._window_from, self._window_at = 0, now
+        self._scan_after, self._scan_at = 0, now
+        return self._apply(rows, whole=True)
+
+    def _bumped(self, model: Any) -> list[Change]:
+        """``PeriodicTasks.last_update`` moved: every chunk's digest (one
+        statement, one row per chunk) and the schedule tables, then whole only
+        the rows of the chunks that differ and the rows whose schedule row
+        changed."""
+        chunks = self._digests(model.objects.all())
+        changes = self._schedule_changes(model)
+        changes.extend(self._compare(model, chunks, 0, math.inf))
+        # the whole table was just compared: the rolling comparison starts its
+        # pace again from here
+        self._window_at = self._now()
         return changes
 
-    def _rescan(self, model: Any) -> list[Change]:
-        """The next slice of the table, by id, compared with what is in force."""
+    def _window(self, model: Any) -> list[Change]:
+        """The next chunks' digests, so that every chunk is compared within
+        :attr:`rescan_period` (a bare ``QuerySet.update()``); at the end of
+        the table, the chunks beyond the last one held and the schedule
+        tables too, and the comparison starts again from the first chunk."""
+        now = self._now()
+        elapsed = 0.0 if self._window_at is None else now - self._window_at
+        self._window_at = now
+        order = self._ordered()
+        budget = max(1, math.ceil(len(order) * elapsed / self.rescan_period))
+        low = self._window_from
+        at = bisect.bisect_left(order, low)
+        upto = order[at + budget] if at + budget < len(order) else math.inf
+        query = model.objects.filter(id__gte=low)
+        if upto != math.inf:
+            query = query.filter(id__lt=upto)
+        changes = self._compare(model, self._digests(query), low, upto)
+        self._window_from = 0 if upto == math.inf else int(upto)
+        if self._schedules_at is None or now - self._schedules_at >= self.rescan_period:
+            # a bare update() of a shared schedule row: within the same bound
+            changes.extend(self._schedule_changes(model))
+        return changes
+
+    def _compare(
+        self, model: Any, chunks: dict[int, Digest], low: int, high: float
+    ) -> list[Change]:
+        """Read whole the chunks in ``[low, high)`` whose digest differs from
+        the one held; hold the digests read."""
+        changed = sorted(differing(self._chunks, chunks, low, high))
+        self._set_chunks(chunks, low, high)
+        changes: list[Change] = []
+        for first, last in _runs(changed):
+            rows = list(
+                model.objects.filter(id__gte=first, id__lt=last + CHUNK).values_list(*FIELDS)
+            )
+            self.reads["statements"] += 1
+            self.reads["rows"] += len(rows)
+            changes.extend(self._apply(rows, whole=False))
+            present = {row[0] for row in rows}
+            gone = [pk for pk in self._known if first <= pk < last + CHUNK and pk not in present]
+            changes.extend(self._removed(gone))
+        return changes
+
+    def _schedule_changes(self, model: Any, read_tasks: bool = True) -> list[Change]:
+        """The schedule tables read whole (their rows are few: tasks share
+        them), compared with the last read; the tasks of a schedule row that
+        changed or went are read whole."""
+        from django.db.models import Q
+
+        self._schedules_at = self._now()
+        touched = Q()
+        for table, (schedule_model, columns) in _schedule_tables().items():
+            now = {
+                row[0]: row[1:] for row in schedule_model.objects.order_by().values_list(*columns)
+            }
+            self.reads["statements"] += 1
+            self.reads["schedule_rows"] += len(now)
+            before = self._schedules.get(table, {})
+            moved = [pk for pk, values in before.items() if now.get(pk) != values]
+            self._schedules[table] = now
+            if moved:
+                touched |= Q(**{f"{table}_id__in": moved})
+        if not read_tasks or not touched:
+            return []
+        rows = list(model.objects.filter(touched).values_list(*FIELDS))
+        self.reads["statements"] += 1
+        self.reads["rows"] += len(rows)
+        return self._apply(rows, whole=False)
+
+    def _backstop(self, model: Any) -> list[Change]:
+        """The next slice of the table, by id, read whole and compared with
+        what is in force: every row within :attr:`backstop_period`, for the
+        edits the digests cannot see."""
         now = self._now()
         elapsed = 0.0 if self._scan_at is None else now - self._scan_at
         self._scan_at = now
-        budget = max(self.rescan_min, math.ceil(len(self._known) * elapsed / self.rescan_period))
+        budget = max(
+            self.backstop_min, math.ceil(len(self._known) * elapsed / self.backstop_period)
+        )
         after = self._scan_after
         rows = list(model.objects.filter(id__gt=after).order_by("id").values_list(*FIELDS)[:budget])
         self.reads["statements"] += 1
-        self.reads["rows"] += len(rows)
+        self.reads["backstop_rows"] += len(rows)
         wrapped = len(rows) < budget
         high = math.inf if wrapped else rows[-1][0]
         self._scan_after = 0 if wrapped else int(high)
@@ -365,14 +449,27 @@ class PeriodicTaskSource(EntrySource):
         changes.extend(self._removed(pk for pk in gone if pk not in seen))
         return changes
 
-    def _read_ids(self, model: Any, ids: Sequence[int]) -> list[tuple[Any, ...]]:
-        rows: list[tuple[Any, ...]] = []
-        for start in range(0, len(ids), _ID_CHUNK):
-            chunk = ids[start : start + _ID_CHUNK]
-            rows.extend(model.objects.filter(id__in=chunk).values_list(*FIELDS))
-            self.reads["statements"] += 1
-        self.reads["rows"] += len(rows)
-        return rows
+    def _digests(self, query: Any) -> dict[int, Digest]:
+        chunks = digests(query)
+        self.reads["statements"] += 1
+        self.reads["chunks"] += len(chunks)
+        return chunks
+
+    def _set_chunks(self, chunks: dict[int, Digest], low: int, high: float) -> None:
+        """Hold ``chunks``, read over ``[low, high)``: a chunk held there but not
+        read is empty now."""
+        held = self._chunks
+        emptied = [c for c in held if low <= c < high and c not in chunks]
+        for first in emptied:
+            del held[first]
+        if emptied or any(c not in held for c in chunks):
+            self._order = None
+        held.update(chunks)
+
+    def _ordered(self) -> list[int]:
+        if self._order is None:
+            self._order = sorted(self._chunks)
+        return self._order
 
     # -- reporting -------------------------------------------------------------
 
@@ -385,9 +482,6 @@ class PeriodicTaskSource(EntrySource):
         for row in rows:
             pk = row[0]
             present.add(pk)
-            stamp = row[_F["date_changed"]]
-            if stamp is not None and (self._high is None or stamp > self._high):
-                self._high = stamp
             full = _full_digest(row)
             before = known.get(pk)
             if before is not None and before.full == full:
@@ -398,7 +492,7 @@ class PeriodicTaskSource(EntrySource):
                 changes.append(Change(ChangeKind.REMOVED, before.name, None))
             wanted = row[_F["enabled"]] and name not in IGNORED
             definition = self._definition(row) if wanted else None
-            known[pk] = _Known(name, full, _shape_digest(row))
+            known[pk] = _Known(name, full)
             if definition is None:
                 if before is not None or whole:
                     changes.append(Change(ChangeKind.REMOVED, name, None))
@@ -427,6 +521,43 @@ class PeriodicTaskSource(EntrySource):
                 exc,
             )
             return None
+
+
+def _reads() -> dict[str, int]:
+    return {"statements": 0, "rows": 0, "chunks": 0, "schedule_rows": 0, "backstop_rows": 0}
+
+
+def _runs(chunks: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Sorted chunk starts as runs of consecutive chunks: (first, last)."""
+    run: list[int] = []
+    for first in chunks:
+        if run and first != run[-1] + CHUNK:
+            yield run[0], run[-1]
+            run = []
+        run.append(first)
+    if run:
+        yield run[0], run[-1]
+
+
+def _schedule_tables() -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """Each schedule table (by the task's foreign key's name): its model and
+    the columns a definition is made of, its id first."""
+    from django_celery_beat.models import (
+        ClockedSchedule,
+        CrontabSchedule,
+        IntervalSchedule,
+        SolarSchedule,
+    )
+
+    return {
+        "interval": (IntervalSchedule, ("id", "every", "period")),
+        "crontab": (
+            CrontabSchedule,
+            ("id", "minute", "hour", "day_of_week", "day_of_month", "month_of_year", "timezone"),
+        ),
+        "solar": (SolarSchedule, ("id", "event", "latitude", "longitude")),
+        "clocked": (ClockedSchedule, ("id", "clocked_time")),
+    }
 
 
 class OneOffSchedule(BoundedSchedule):
@@ -603,7 +734,6 @@ def _close_connection() -> None:
 
 
 __all__ = [
-    "CHANGED_SLACK",
     "FIELDS",
     "IGNORED",
     "LABEL",

@@ -42,11 +42,16 @@ class DatabaseScheduler(SingleBeatScheduler):
     duplicate name: delete it, or rename it).
 
     ``rescan_period`` (seconds): within how long a ``QuerySet.update()`` that
-    did not bump ``PeriodicTasks`` is in force (subclass to change it).
+    did not bump ``PeriodicTasks`` is in force when the chunk digests see it;
+    ``backstop_period``: within how long every row is read whole again, for
+    the bare updates they cannot see (a text of the same length). Subclass to
+    change them.
     """
 
-    #: the bound, in seconds, on a ``QuerySet.update()`` edit's pickup
+    #: the bound, in seconds, on a bare ``QuerySet.update()`` edit's pickup
     rescan_period: float = PeriodicTaskSource.rescan_period
+    #: the bound, in seconds, on one the digests cannot see
+    backstop_period: float = PeriodicTaskSource.backstop_period
 
     def __init__(
         self,
@@ -59,7 +64,11 @@ class DatabaseScheduler(SingleBeatScheduler):
             # the project's own database, whether or not the app is installed
             # (read_setting would answer the setting's own default, a file)
             app.conf.singlebeat_url = SCHEME + "default"
-        tasks = PeriodicTaskSource(app.timezone, rescan_period=self.rescan_period)
+        tasks = PeriodicTaskSource(
+            app.timezone,
+            rescan_period=self.rescan_period,
+            backstop_period=self.backstop_period,
+        )
         #: the source over django-celery-beat's tables
         self.periodic_tasks = tasks
         super().__init__(app, *args, sources=[tasks, *sources], **kwargs)
