@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...config import read_setting
 from ...scheduler import SingleBeatScheduler
 from ...sources import EntrySource
 from .database import SCHEME
@@ -60,9 +61,8 @@ class DatabaseScheduler(SingleBeatScheduler):
         sources: Sequence[EntrySource] = (),
         **kwargs: Any,
     ) -> None:
-        if app.conf.get("singlebeat_url") is None:
+        if read_setting(app.conf, "singlebeat_url", unset=None) is None:
             # the project's own database, whether or not the app is installed
-            # (read_setting would answer the setting's own default, a file)
             app.conf.singlebeat_url = SCHEME + "default"
         tasks = PeriodicTaskSource(
             app.timezone,
