@@ -198,6 +198,20 @@ def test_publish_catalog_replaces_the_replica_s_entries(backend: Backend) -> Non
     assert sorted(r.entry for r in rows) == ["b", "c"]
 
 
+def test_publishing_a_catalog_leaves_the_database_clock_right(backend: Backend) -> None:
+    """The catalog's row count is not the database's time: read as the clock
+    (column 0 of a fetch), a count of 2 put "now" at 2 us after the epoch until
+    the next statement that reads the clock, which on PostgreSQL (LISTEN: an
+    idle tick sends none) came with the heartbeat: a replica whose entries
+    changed claimed nothing for up to 5 s, then sent those slots in a burst."""
+    store = backend.ready()
+    store.heartbeat(info("r1", store.ping()))
+    store.publish_catalog("r1", catalog("a", "b"))  # rows written: count 0 first
+    store.publish_catalog("r2", catalog("a", "b"))  # the same catalog: count 2
+    store.publish_catalog("r3", catalog("c"))
+    assert abs(store.clock.now_us() - time.time() * US) < 5 * US
+
+
 def test_replicas_with_the_same_entries_share_one_catalog(backend: Backend) -> None:
     """Stored by content: the second replica of a release writes no rows."""
     store = backend.ready()

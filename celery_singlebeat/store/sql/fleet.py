@@ -136,8 +136,12 @@ class SqlFleet:
 
         def work(conn: Connection) -> None:
             conn.execute(self.executor.text(self.sql.catalog_header), params)
-            have = fetch(self.host, conn, self.sql.catalog_count, catalog=catalog)
-            if int(have[0][0]) < len(ordered):
+            # not through fetch: its column 0 is a row count, not the
+            # database's time, and the clock must not take it for one
+            have = conn.execute(
+                self.executor.text(self.sql.catalog_count), {"catalog": catalog}
+            ).scalar_one()
+            if int(have) < len(ordered):
                 conn.execute(self.executor.text(self.sql.catalog_insert), {**params, "rows": rows})
             conn.execute(self.executor.text(self.sql.catalog_assign), params)
 
