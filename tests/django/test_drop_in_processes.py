@@ -28,8 +28,6 @@ def test_three_replicas_over_django_celery_beats_tables(tmp_path: Path) -> None:
     from tests_conftest import REDIS_URL, require
 
     require("redis")
-    if connection.vendor == "mysql":
-        pytest.skip("PostgreSQL and SQLite run it; MariaDB's store is covered by the core's suites")
     queue = f"dropin-{uuid.uuid4().hex[:8]}"
     second, _ = IntervalSchedule.objects.get_or_create(every=1, period="seconds")
     two, _ = IntervalSchedule.objects.get_or_create(every=2, period="seconds")
