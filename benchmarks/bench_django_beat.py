@@ -37,6 +37,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -323,7 +324,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [10_000] if args.quick else [10_000, 100_000]
     setup_django()
-    results: dict[str, Any] = {"sizes": sizes, "window_s": WINDOW_S, "sides": []}
+    from bench_scheduler import machine
+
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    results: dict[str, Any] = {
+        "commit": commit or "?",
+        "machine": machine(),
+        "sizes": sizes,
+        "window_s": WINDOW_S,
+        "sides": [],
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-dropin-") as workdir:
             for size in sizes:

@@ -406,6 +406,17 @@ def django_drop_in(results: Path, out: Path) -> Path:
             color=COLOURS[colour],
             label=f"{side}, worst",
         )
+        applied = [r for r in mine if r.get("applied_median_s") is not None]
+        if applied:
+            # the change followed by every replica (their logs), before the
+            # probe's next slot carries it
+            pickup.plot(
+                [r["tasks"] for r in applied],
+                [r["applied_median_s"] for r in applied],
+                ":s",
+                color=COLOURS[colour],
+                label=f"{side}, in effect in every replica (median)",
+            )
     width = 0.35
     for n, (side, colour) in enumerate(kinds):
         values = [
@@ -428,6 +439,7 @@ def django_drop_in(results: Path, out: Path) -> Path:
     pickup.set_yscale("log")
     pickup.set_ylabel("s from a save() to the first message carrying it")
     pickup.set_title("A save's pickup (a probe due every second)", fontsize=9)
+    pickup.set_ylim(bottom=0.1)
     start.set_ylabel("s from the processes' start to the first probe sent")
     start.set_title("Start-up", fontsize=9)
     start.set_ylim(bottom=0)
