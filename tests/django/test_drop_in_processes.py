@@ -2,12 +2,14 @@
 replicas over django-celery-beat's tables: one send per slot, a one_off once,
 a ``save()`` in force within a second, a bare ``QuerySet.update()`` within its
 bound (at this table size, one chunk, whose digest is compared every tick: the next tick), a
-disabled task silent from the next tick, and ``total_run_count`` equal to the
-sends (written once per slot, by the sender)."""
+disabled task silent from the next tick, ``total_run_count`` equal to the
+sends (written once per slot, by the sender), every send within a second of
+its slot, and nothing lost when one replica is SIGKILLed."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections import Counter
@@ -17,6 +19,8 @@ import pytest
 from beats import Beat, RedisReader, django_env, wait_for
 from django.db import connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+from celery_singlebeat.contrib.django.models import Slot
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -63,6 +67,11 @@ def test_three_replicas_over_django_celery_beats_tables(tmp_path: Path) -> None:
         off.save()
         after = len(reader.of("every"))
         wait_for(lambda: len(reader.of("every")) >= after + 4, 15, "four more sends")
+        # a replica dies: the others go on with every slot
+        beats[0].proc.kill()
+        beats[0].proc.wait(5)
+        after = len(reader.of("every"))
+        wait_for(lambda: len(reader.of("every")) >= after + 3, 15, "three sends after the kill")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n" + "\n".join(b.log()[-4000:] for b in beats)) from None
     finally:
@@ -70,12 +79,24 @@ def test_three_replicas_over_django_celery_beats_tables(tmp_path: Path) -> None:
             beat.stop()
         sent = reader.close()
     logs = "\n".join(beat.log()[-3000:] for beat in beats)
-    assert all(beat.proc.returncode == 0 for beat in beats), logs
+    assert beats[0].proc.returncode == -signal.SIGKILL
+    assert all(beat.proc.returncode == 0 for beat in beats[1:]), logs
     assert sum("coordinating" in beat.log() for beat in beats) == 3, logs
     # singlebeat_url unset: the coordination tables are in Django's database
     name = str(connection.settings_dict["NAME"])
     assert all(f"{name} (lease" in beat.log() for beat in beats), logs
 
+    # nothing lost across the kill: every instant of 'every' from its first
+    # send to its last went out, but for a claim the killed replica still holds
+    # (another replica publishes it once its lease runs out, after this test)
+    every_sent = {s.at_us for s in sent if s.entry == "every"}
+    held = set(Slot.objects.filter(entry="every", state=0).values_list("slot_us", flat=True))
+    missing = [
+        at
+        for at in range(min(every_sent), max(every_sent), US)
+        if at not in every_sent and at not in held
+    ]
+    assert missing == [], f"slots of 'every' never sent: {missing}\n{logs}"
     slots = Counter((s.entry, s.at_us) for s in sent)
     assert [slot for slot, n in slots.items() if n > 1] == [], "a slot was sent twice"
     assert len([s for s in sent if s.entry == "once"]) == 1
