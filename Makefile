@@ -54,6 +54,37 @@ test-django: $(STAMP)
 		[ "$$(cat $$out/$$db.status)" = 0 ] || status=1; \
 	done; rm -rf $$out; exit $$status
 
+# The PostgreSQL store contracts (slots, singleton leases, the fleet's rows and
+# controls, the failover's write-back and broken connections) and the acceptance
+# tests that use the shared PostgreSQL (marked shared_postgres by
+# tests/conftest.py) through PgBouncer in transaction pooling mode
+# (.ci/pgbouncer.sh starts a private one on 6432). The fleet contract's LISTEN
+# tests skip there (a pooler's channel is deaf by design; make test holds that
+# case against a PgBouncer of its own). The acceptance tests on SQLite, MariaDB
+# or a PostgreSQL cluster of their own would not go through it: make test ran
+# them already. Fails unless PgBouncer's SHOW STATS counted the run's transactions.
+PGBOUNCER_PORT ?= 6432
+PGBOUNCER_URL := postgresql+psycopg://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test
+test-pgbouncer: export PGBOUNCER_PORT := $(PGBOUNCER_PORT)
+test-pgbouncer: $(STAMP)
+	.ci/pgbouncer.sh start
+	@before=$$(.ci/pgbouncer.sh xacts); status=0; \
+	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider -k postgres \
+		tests/integration/test_store_contract.py tests/integration/test_singleton_store_contract.py \
+		tests/integration/test_fleet_contract.py tests/integration/test_failover_contract.py \
+		|| status=$$?; \
+	SB_TEST_PG=$(PGBOUNCER_URL) $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 \
+		-n $(TEST_WORKERS) --dist loadgroup -m shared_postgres tests/acceptance || status=$$?; \
+	after=$$(.ci/pgbouncer.sh xacts); \
+	echo "pgbouncer: $$((after - before)) transactions through 127.0.0.1:$(PGBOUNCER_PORT) during the run"; \
+	if [ "$$after" -le "$$before" ]; then echo "pgbouncer: no traffic: the tests did not go through it" >&2; exit 1; fi; \
+	exit $$status
+
+# The in-process suites under another interpreter or Celery run side by side
+# in this many pytest-xdist workers: they are CPU-bound (Hypothesis, the
+# simulation), and the machine has two cores (docs/testing.md).
+UNIT_WORKERS ?= 2
+
 # The Django app under Django's newest release that django-celery-beat supports
 # (6.0; 6.x needs Python 3.12+), in a venv of its own:
 # make test-django-newest PY=/path/to/python3.13
