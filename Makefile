@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench,release]'
+	$(BIN)/pip install --quiet -e '.[dev,suites,bench,release]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -92,7 +92,7 @@ DJANGO_NEWEST ?= Django>=6.0,<6.1
 DJANGO_VENV = $(PYVENV)-django
 test-django-newest:
 	test -x $(DJANGO_VENV)/bin/python || $(PY) -m venv $(DJANGO_VENV)
-	$(DJANGO_VENV)/bin/pip install --quiet -e '.[dev]' '$(DJANGO_NEWEST)'
+	$(DJANGO_VENV)/bin/pip install --quiet -e '.[dev,suites]' '$(DJANGO_NEWEST)'
 	$(DJANGO_VENV)/bin/python -c 'import django, sys; print("test-django-newest: Python %d.%d, Django %s" % (*sys.version_info[:2], django.get_version()))'
 	$(MAKE) --no-print-directory test-django BIN=$(DJANGO_VENV)/bin STAMP= DJANGO_DBS="$(DJANGO_NEWEST_DBS)"
 DJANGO_NEWEST_DBS ?= sqlite postgres

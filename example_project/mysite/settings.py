@@ -2,7 +2,7 @@
 
 The same file serves ``docker-compose.yml``, ``k8s/`` and ``make example``
 (``run_example.py``): each sets only environment variables, and every name this
-file reads is in :data:`ENVIRONMENT` (tests/unit/test_example_deploy.py holds
+file reads is in :data:`ENVIRONMENT` (tests/integration/test_example_deploy.py holds
 the deploy files to it). A missing required variable, or a value that does not
 parse, stops the process at start-up with a message naming the variable; no
 message repeats a value (``DATABASE_URL`` carries a password).
