@@ -152,9 +152,14 @@ COVERAGE_TESTS := tests/unit tests/integration/test_store_contract.py \
 # measure only the controller) and combines it before the report.
 COVERAGE_RUN = -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup \
 	--cov --cov-report= $(COVERAGE_TESTS)
+# The Django app in process too (pytest-django on SQLite; its real beat
+# processes, marked slow, measure nothing here), appended to the same data.
+COVERAGE_DJANGO = -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup \
+	--cov --cov-append --cov-report= --ds=sbproject.settings -m "not slow" tests/django
 coverage: $(STAMP)
 	$(BIN)/python -m coverage erase
 	$(BIN)/python $(COVERAGE_RUN)
+	SB_DJANGO_DB=sqlite $(BIN)/python $(COVERAGE_DJANGO)
 	$(BIN)/python -m coverage report
 
 # The same under another interpreter, in its own venv: CI measures coverage on the
@@ -162,9 +167,10 @@ coverage: $(STAMP)
 # superset of test-python's), which saves running them twice.
 coverage-python:
 	test -x $(PYVENV)/bin/python || $(PY) -m venv $(PYVENV)
-	$(PYVENV)/bin/pip install --quiet -e '.[dev]'
+	$(PYVENV)/bin/pip install --quiet -e '.[dev,suites]'
 	$(PYVENV)/bin/python -m coverage erase
 	$(PYVENV)/bin/python $(COVERAGE_RUN)
+	SB_DJANGO_DB=sqlite $(PYVENV)/bin/python $(COVERAGE_DJANGO)
 	$(PYVENV)/bin/python -m coverage report
 
 unit: $(STAMP)
