@@ -150,12 +150,15 @@ COVERAGE_TESTS := tests/unit tests/integration/test_store_contract.py \
 	tests/integration/test_singleton_store_contract.py tests/integration/test_fleet_contract.py
 # pytest-cov gathers it from the xdist workers too (coverage.py alone would
 # measure only the controller) and combines it before the report.
+# The floor is held by the report that follows both runs, not by pytest-cov
+# after the first: the Django app is measured by the second.
 COVERAGE_RUN = -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup \
-	--cov --cov-report= $(COVERAGE_TESTS)
+	--cov --cov-report= --cov-fail-under=0 $(COVERAGE_TESTS)
 # The Django app in process too (pytest-django on SQLite; its real beat
 # processes, marked slow, measure nothing here), appended to the same data.
 COVERAGE_DJANGO = -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadgroup \
-	--cov --cov-append --cov-report= --ds=sbproject.settings -m "not slow" tests/django
+	--cov --cov-append --cov-report= --cov-fail-under=0 --ds=sbproject.settings \
+	-m "not slow" tests/django
 coverage: $(STAMP)
 	$(BIN)/python -m coverage erase
 	$(BIN)/python $(COVERAGE_RUN)
