@@ -13,11 +13,12 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from beats import Beat, RedisReader, django_env, wait_for
-from django.db import connection
+from django.db import OperationalError, connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from celery_singlebeat.contrib.django.models import Slot
@@ -25,6 +26,22 @@ from celery_singlebeat.contrib.django.models import Slot
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 US = 1_000_000
+
+
+def _on_sqlite_retry(write: Callable[[], object]) -> None:
+    """The test's own write, beside three beat processes writing one SQLite
+    file: a write whose transaction began with a read fails at once with
+    "database is locked" when another process holds the write lock (SQLite
+    will not wait there: it would deadlock). Try again, for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            write()
+            return
+        except OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -60,11 +77,13 @@ def test_three_replicas_over_django_celery_beats_tables(tmp_path: Path) -> None:
         edited = time.time()
         row = PeriodicTask.objects.get(name="edit")
         row.kwargs = json.dumps({"v": 2})
-        row.save()
-        PeriodicTask.objects.filter(name="upd").update(kwargs=json.dumps({"v": 2}))
+        _on_sqlite_retry(row.save)
+        _on_sqlite_retry(
+            lambda: PeriodicTask.objects.filter(name="upd").update(kwargs=json.dumps({"v": 2}))
+        )
         off = PeriodicTask.objects.get(name="off")
         off.enabled = False
-        off.save()
+        _on_sqlite_retry(off.save)
         after = len(reader.of("every"))
         wait_for(lambda: len(reader.of("every")) >= after + 4, 15, "four more sends")
         # a replica dies: the others go on with every slot
