@@ -47,7 +47,10 @@ class MemoryConnection(StoreConnection):
 
     ``now_us`` is the "database" clock (default: this host's); ``clock`` the
     :class:`~celery_singlebeat.timeline.clock.DatabaseClock` kept in sync
-    (default: one that follows ``now_us`` exactly).
+    (default: one that follows ``now_us`` exactly). ``state``: the "database"
+    of another connection, so that several connections (each with its own
+    clock estimate, breaks and faults, as each replica has its own) share one
+    database; by default a new, empty one.
     """
 
     def __init__(
@@ -55,22 +58,17 @@ class MemoryConnection(StoreConnection):
         now_us: Callable[[], int] | None = None,
         *,
         clock: DatabaseClock | None = None,
+        state: MemoryState | None = None,
     ) -> None:
         self._now_us: Callable[[], int] = now_us or wall_us
         self.clock = clock if clock is not None else _FollowingClock(self._now_us)
         #: what the "database" holds: every table, under one lock
-        self.state = MemoryState()
-        #: the control version (:attr:`.FleetStore.controls_version`): here the
-        #: "database's" counter itself, which the operator's controls raise
-        self.controls_version: int | None = 0
+        self.state = state if state is not None else MemoryState()
         #: claimed-but-unsent rows, as the last heartbeat counted them
         self.open_claims: int | None = None
         #: the highest schedule revision the last feed read or heartbeat saw
         #: (:attr:`.ScheduleStore.schedule_revision`)
         self.schedule_revision: int | None = None
-        #: the schema version "in the database"; None until prepare(create=True).
-        #: Set it above the supported version to test the upgrade refusal.
-        self.schema_version: int | None = None
         #: False simulates an outage: every operation raises StoreUnavailable.
         self.available = True
         #: operations that reached the "database" (one round trip each).
@@ -84,6 +82,26 @@ class MemoryConnection(StoreConnection):
         self.stop_at_reconnect = False
         #: lose_writes() broke the connection; the next round trip finds it so
         self._broken = False
+
+    @property
+    def controls_version(self) -> int | None:
+        """The control version (:attr:`.FleetStore.controls_version`): here the
+        "database's" counter itself, which the operator's controls raise."""
+        return self.state.controls_version
+
+    @controls_version.setter
+    def controls_version(self, value: int | None) -> None:
+        self.state.controls_version = value
+
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version "in the database"; None until prepare(create=True).
+        Set it above the supported version to test the upgrade refusal."""
+        return self.state.schema_version
+
+    @schema_version.setter
+    def schema_version(self, value: int | None) -> None:
+        self.state.schema_version = value
 
     @contextmanager
     def outage(self) -> Iterator[None]:

@@ -125,6 +125,10 @@ class MemoryState:
         self.schedule_undo: list[tuple[int, int, str, ScheduleRow | None]] = []
         self.revision_counter = 0
         self.schedule_floor = 0
+        #: the control version the operator's controls raise, and the schema's
+        #: version (None: no schema yet): the database's, whichever connection asks
+        self.controls_version: int | None = 0
+        self.schema_version: int | None = None
 
     def top_revision(self) -> int:
         """The highest revision of the stored schedules; the floor too, as the

@@ -75,7 +75,7 @@ from .operator import MemoryOperator
 from .schedules import MemorySchedules
 from .singletons import MemorySingletons
 from .slots import MemorySlots
-from .state import SlotRow
+from .state import MemoryState, SlotRow
 
 __all__ = ["MemoryStore", "SlotRow"]
 
@@ -92,6 +92,10 @@ class MemoryStore(MemoryConnection, Store):
 
     ``clock`` replaces the :class:`~celery_singlebeat.timeline.clock.DatabaseClock`
     the store keeps in sync; by default it follows ``now_us`` exactly.
+    ``state`` (another store's :attr:`state`) makes this store a second
+    connection to that store's "database": its own clock estimate,
+    availability and breaks, the same rows (the explorer gives each replica
+    one, as each replica has its own connection).
 
     ``on_round_trip`` is called after each operation, as the SQL store
     calls it (with 0 seconds); schedulers sharing one store each set it when
@@ -108,8 +112,9 @@ class MemoryStore(MemoryConnection, Store):
         now_us: Callable[[], int] | None = None,
         *,
         clock: DatabaseClock | None = None,
+        state: MemoryState | None = None,
     ) -> None:
-        super().__init__(now_us, clock=clock)
+        super().__init__(now_us, clock=clock, state=state)
         #: the beat's slots (SlotStore): register, claim, confirm, take over, prune
         self.slots = MemorySlots(self)
         #: the fleet as replicas see it (FleetStore): heartbeat, catalog, pauses
