@@ -127,6 +127,7 @@ from harness import (  # noqa: E402
     BeatGroup,
     BeatProcess,
     Db,
+    Execution,
     Postgres,
     TcpProxy,
     executions,
@@ -1171,10 +1172,33 @@ class Chaos:
         }
 
     def executions(self) -> dict[tuple[str, int], list[float]]:
-        out: dict[tuple[str, int], list[float]] = defaultdict(list)
-        for ex in executions(read_records(self.record)):
+        """Slot -> the start of each of its executions, counted once to completion.
+
+        A start whose worker process died before it finished (no ``end``, and
+        no record of that process after it: SIGKILLed, or exited after a
+        broker restart) followed by another start of the slot (the fleet sent
+        it again once its run's ttl and grace lapsed, docs/guarantees.md) is
+        one execution with that later one, at the first start's instant (the
+        slot's delay is its first start). A start without an end whose process
+        went on recording (alive, yet started again: a real duplicate), and
+        two finished runs, count twice."""
+        records = read_records(self.record)
+        last_record: dict[int, float] = {}
+        for rec in records:
+            last_record[rec["pid"]] = max(last_record.get(rec["pid"], 0.0), rec["at"])
+        runs: dict[tuple[str, int], list[Execution]] = defaultdict(list)
+        for ex in executions(records):
             if ex.task == TASK and ex.slot is not None:
-                out[ex.slot].append(ex.start)
+                runs[ex.slot].append(ex)
+        out: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for slot, started in runs.items():
+            counted: list[float] = []
+            died_before = False  # the execution counted last died mid-run
+            for ex in started:  # in start order
+                if not died_before:
+                    counted.append(ex.start)
+                died_before = ex.end is None and last_record[ex.pid] <= ex.start
+            out[slot] = counted
         return out
 
     def expected(self, upto_us: int) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:

@@ -154,6 +154,15 @@ SETTINGS: tuple[Setting, ...] = (
         "that died) one sweep of one replica takes over and publishes at most, oldest first.",
     ),
     Setting(
+        "singlebeat_stalled_run_resends",
+        "int ≥ 0",
+        2,
+        "SingletonTask: a slot sent and confirmed whose run was left running by a worker "
+        "that died mid-run (its `singleton_ttl` lapsed, then the lease, with no outcome) is "
+        "sent again by the fleet, with the same task id, while its run has started at most "
+        "this many times; `0` turns the re-sends off.",
+    ),
+    Setting(
         "singlebeat_engine_options",
         "dict",
         None,
@@ -581,6 +590,9 @@ class Settings:
     max_loop_interval: timedelta
     #: how many expired claims one sweep takes over at most.
     takeover_batch: int = setting_default("singlebeat_takeover_batch")
+    #: SingletonTask: how many times a sent slot whose run stalled (its worker
+    #: died mid-run) is sent again, counted by the run's starts (0: never)
+    stalled_run_resends: int = setting_default("singlebeat_stalled_run_resends")
     #: how far back the slots a replica sent are written again after a broken
     #: connection (scheduler: docs/guarantees.md, "Database failover")
     failover_window: timedelta = timedelta(seconds=setting_default("singlebeat_failover_window"))
@@ -766,6 +778,12 @@ class Settings:
             raise ConfigurationError(
                 f"singlebeat_takeover_batch={takeover_batch!r}: expected an integer >= 1"
             )
+        resends = read_setting(conf, "singlebeat_stalled_run_resends")
+        if not isinstance(resends, int) or isinstance(resends, bool) or resends < 0:
+            raise ConfigurationError(
+                f"singlebeat_stalled_run_resends={resends!r}: expected an integer >= 0 "
+                "(0 turns off re-sending the slots whose SingletonTask run stalled)"
+            )
         create_schema = _flag(conf, "singlebeat_create_schema")
         listen = _flag(conf, "singlebeat_listen")
         schedules = _flag(conf, "singlebeat_schedules")
@@ -790,6 +808,7 @@ class Settings:
             replica_id=replica_id,
             max_loop_interval=max_loop,
             takeover_batch=takeover_batch,
+            stalled_run_resends=resends,
             failover_window=failover_window,
             run_retention=run_retention,
             listen=listen,

@@ -96,6 +96,7 @@ from .values import (
     ScheduleRow,
     ScheduleWrite,
     SlotKey,
+    StalledRuns,
     Written,
     controls_channel,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "SingletonStore",
     "SlotKey",
     "SlotStore",
+    "StalledRuns",
     "Store",
     "StoreConnection",
     "Written",

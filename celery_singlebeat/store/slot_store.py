@@ -2,7 +2,8 @@
 
 What a beat replica needs to send each slot once: its entries' rows, the claim
 of due slots, their confirm once published, the release of what it cannot
-publish, the takeover of abandoned claims, the prune of old rows, and after a
+publish, the takeover of abandoned claims (and of sent slots whose
+SingletonTask run stalled), the prune of old rows, and after a
 broken connection (a failover), writing again what it sent. The vocabulary
 (slot row, claimed, sent, lease, abandoned, fence, high-water mark) is
 :mod:`.base`'s. The suites: ``tests/integration/test_store_contract.py`` and,
@@ -15,7 +16,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 from .connection import StoreConnection
-from .values import Claim, EntryState, SlotKey, Written
+from .values import Claim, EntryState, SlotKey, StalledRuns, Written
 
 __all__ = ["SlotStore"]
 
@@ -26,6 +27,13 @@ class SlotStore(StoreConnection):
     Every method is one atomic decision taken by the database (a constant
     number of round trips, whatever the number of slots).
     """
+
+    #: which sent slots :meth:`take_over` sends again because their
+    #: SingletonTask run stalled (a worker died mid-run): the settings'
+    #: ``singlebeat_stalled_run_resends`` and ``singlebeat_retention``
+    #: (``SqlStore.from_settings``); the heartbeat counts those slots among
+    #: :attr:`.FleetStore.open_claims`, so that a sweep looks for them
+    stalled_runs: StalledRuns = StalledRuns()
 
     @abstractmethod
     def register(self, names: Sequence[str], owner: str = "") -> dict[str, EntryState]:
@@ -115,12 +123,31 @@ class SlotStore(StoreConnection):
 
     @abstractmethod
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        """Claim up to ``limit`` abandoned rows (oldest slots first) for ``owner``.
+        """Claim up to ``limit`` abandoned or stalled rows (oldest slots first) for ``owner``.
 
         "Oldest" orders by ``slot_us`` across all entries (ties by entry name),
-        and the result comes in that order.
+        and the result comes in that order. Two kinds of row are taken:
 
-        Each row passes to ``owner`` with its fence grown by one and a new lease.
+        * an **abandoned** claim: claimed (``state = 0``) with its lease ended;
+        * a **stalled** slot: sent (``state = 1``), but the SingletonTask run row
+          of the same ``(entry, slot_us)`` (:class:`.SingletonStore`) is still
+          running (``state = 0``, no outcome) with its ``expires_us`` more than
+          ``lease_us`` in the past (the grace: a worker slow to renew is not
+          raced), and the slot row itself last changed hands (``claimed_us``)
+          more than ``lease_us`` ago (a slot sent again is not sent a third time
+          before a worker could start it). Left alone: a run abandoned for a
+          retry (``expires_us = 0``: its retry message is on its way), a run
+          that has started more than :attr:`stalled_runs` ``.resends`` times
+          (``attempts``: the cap, so that a task that kills its worker each
+          time is not sent for ever), a slot or run expiry older than
+          :attr:`stalled_runs` ``.window_us`` (the retention), and every slot
+          when ``resends`` is 0. Slots without a run row (no SingletonTask) are
+          never stalled.
+
+        Each row passes to ``owner`` with its fence grown by one and a new lease,
+        claimed (``state = 0``) again: the caller publishes it with the same
+        task id and confirms it as any takeover, and the worker's
+        :meth:`.SingletonStore.begin_run` retakes the expired run row.
         Concurrent callers never receive the same row. Rows of an entry paused
         now are left alone, and so is a run-now request (a row at fence 0, made
         by an operator, not a replica) of an entry that ``owner``'s catalog

@@ -44,6 +44,25 @@ class Written(NamedTuple):
     at_us: int
 
 
+class StalledRuns(NamedTuple):
+    """Which sent slots :meth:`.SlotStore.take_over` sends again because the
+    SingletonTask run of the slot stalled: its worker died mid-run (docs/guarantees.md).
+
+    A sent slot whose run row is still running, with its expiry lapsed by
+    more than the grace and no outcome, is taken over while the run has
+    started at most ``resends`` times (its ``attempts``): each start that
+    died earns one more send, so a task that kills its worker every time
+    starts ``resends + 1`` times in all, then its slot is left alone. 0 turns
+    the re-sends off. Only slots and runs younger than ``window_us`` (the
+    slots' retention) are looked at.
+    """
+
+    #: ``singlebeat_stalled_run_resends``
+    resends: int = 2
+    #: ``singlebeat_retention``, in microseconds
+    window_us: int = 900 * 1_000_000
+
+
 class SlotKey(NamedTuple):
     """One run of one entry: the entry's name and the slot instant."""
 

@@ -9,6 +9,7 @@ variables (one module serves every database, broker and pool):
   and one ``end`` line each, written with O_APPEND so concurrent processes do
   not interleave): what ran, where, when (wall clock of this host), with which
   fencing token, key and slot. Tests judge overlaps and counts from this file.
+* ``SB_SLOW_SECONDS``: how long ``slow_probe`` runs (seconds, 3 by default)
 * ``SB_BACKEND``: a result backend URL (for the tests that judge result states)
 * ``SB_LEASE_SETTING``: ``singlebeat_lease`` as given (a start-up check test)
   fencing token and slot. Tests judge overlaps and counts from this file.
@@ -43,7 +44,8 @@ different busy policies, time limits and acks can contend for one key:
 Task ``beatapp.probe`` (default key: its name) has the name the beat replicas
 of ``beatapp`` send by, so a worker of this app executes what those beats send
 while the beats never import this module (they only know a plain task of that
-name). ``singletonapp.where`` records which celery_singlebeat the worker runs.
+name); ``singletonapp.slow_probe`` is a slow one for them to send
+(``SB_TASK``). ``singletonapp.where`` records which celery_singlebeat the worker runs.
 """
 
 from __future__ import annotations
@@ -320,6 +322,16 @@ def slot_probe(self: Any, i: int, v: int | None = None) -> int:
     tell a slot sent under an outdated definition."""
     record("start", self, tag=str(i), v=v)
     record("end", self, tag=str(i), lost=self.singleton.lost, v=v)
+    return i
+
+
+@app.task(bind=True, base=SingletonTask, singleton_ttl=TTL, name="singletonapp.slow_probe")
+def slow_probe(self: Any, i: int) -> int:
+    """A beat entry's slow task (``SB_TASK``): runs ``SB_SLOW_SECONDS`` (3 by
+    default), long enough for a test to SIGKILL its worker mid-run."""
+    record("start", self, tag=str(i))
+    time.sleep(float(os.environ.get("SB_SLOW_SECONDS", "3")))
+    record("end", self, tag=str(i), lost=self.singleton.lost)
     return i
 
 

@@ -25,7 +25,16 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from celery_singlebeat.exceptions import SchemaError
-from celery_singlebeat.store.base import EARLY_TOLERANCE_US, Claim, ReplicaInfo, SlotKey, Store
+from celery_singlebeat.store.base import (
+    EARLY_TOLERANCE_US,
+    Claim,
+    ReplicaInfo,
+    Run,
+    RunStatus,
+    SlotKey,
+    StalledRuns,
+    Store,
+)
 from celery_singlebeat.store.sql import SqlStore
 from celery_singlebeat.store.sql.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.testing import MemoryStore
@@ -52,16 +61,19 @@ class Backend:
     memory: MemoryStore | None = None
     opened: list[SqlStore] = field(default_factory=list)
 
-    def open(self) -> Store:
-        """A new store instance on the shared database (a replica's view).
+    def open(self, stalled_runs: StalledRuns | None = None) -> Store:
+        """A new store instance on the shared database (a replica's view),
+        with ``stalled_runs`` (the settings' re-sends of stalled runs) when given.
 
         The memory "database" is the store object itself, so every replica
         shares the one instance.
         """
         if self.memory is not None:
+            if stalled_runs is not None:
+                self.memory.stalled_runs = stalled_runs
             return self.memory
         assert self.url is not None
-        store = SqlStore(make_url(self.url), table_prefix=self.prefix)
+        store = SqlStore(make_url(self.url), table_prefix=self.prefix, stalled_runs=stalled_runs)
         self.opened.append(store)
         return store
 
@@ -483,6 +495,214 @@ def test_concurrent_take_overs_never_return_the_same_row(backend: Backend) -> No
     results = run_together([sweeper(i, s) for i, s in enumerate(stores)])
     counts = Counter(c.key for taken in results for c in taken)
     assert set(counts) == set(slots)
+    assert max(counts.values()) == 1
+
+
+# -- take_over: sent slots whose SingletonTask run stalled ---------------------
+
+#: a run's ttl short enough to wait out; the grace (take_over's lease) after it
+RUN_TTL = 50_000
+GRACE = SHORT_LEASE
+
+
+def sent_and_started(
+    store: Store, entry: str, ttl_us: int = RUN_TTL, worker: str = "worker-1"
+) -> tuple[Claim, Run]:
+    """A slot of ``entry`` a second old, claimed and confirmed by ``r1``, whose
+    run a worker started with ``ttl_us`` (and then, unless it renews, died)."""
+    store.register([entry])
+    slot_us = store.ping() - US
+    [claim] = store.claim("r1", [SlotKey(entry, slot_us)], LONG_LEASE)
+    assert store.confirm("r1", [claim]) == [claim]
+    run = Run(entry, slot_us, f"{worker}-run")
+    begun = store.begin_run(run, worker, f"task-{entry}", ttl_us)
+    assert begun.status is RunStatus.STARTED
+    return claim, run
+
+
+def wait_past_grace(store: Store, ttl_us: int = RUN_TTL) -> None:
+    """Until the runs begun so far have lapsed by more than the grace (and the
+    slots' last hand-over is older than it)."""
+    wait_db_past(store, store.ping() + ttl_us + GRACE)
+
+
+def pause(backend: Backend, entry: str) -> None:
+    """What an operator's pause writes (test_fleet_contract.py has the others)."""
+    if backend.memory is not None:
+        backend.memory.pause(entry)
+        return
+    assert backend.url is not None
+    tables = Tables(backend.prefix)
+    engine = direct_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                tables.pauses.insert().values(
+                    entry=entry, until_us=None, paused_by="op", reason="test", at_us=0
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def resume(backend: Backend, entry: str) -> None:
+    if backend.memory is not None:
+        backend.memory.resume(entry)
+        return
+    assert backend.url is not None
+    tables = Tables(backend.prefix)
+    engine = direct_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(tables.pauses.delete().where(tables.pauses.c.entry == entry))
+    finally:
+        engine.dispose()
+
+
+def test_a_sent_slot_whose_run_stalled_is_taken_over_after_the_grace_and_not_before(
+    backend: Backend,
+) -> None:
+    store = backend.ready()
+    claim, run = sent_and_started(store, "e")
+    other = backend.open()
+    wait_db_past(other, other.ping() + RUN_TTL + US)
+    # the run lapsed a second ago: not by a longer grace (a worker slow to
+    # renew is not raced), by a shorter one
+    assert other.take_over("r2", 2 * US, 10) == []
+    [taken] = other.take_over("r2", US // 2, 10)
+    assert taken == Claim("e", claim.slot_us, claim.fence + 1)
+    assert taken.taken_over
+    # claimed again by the taker: nobody else takes it, the old owner's confirm is stale
+    assert store.take_over("r3", US // 2, 10) == []
+    assert store.confirm("r1", [claim]) == []
+    assert other.confirm("r2", [taken]) == [taken]
+    # sent again and not yet started: not sent a third time within the grace
+    # of that send, though the run lapsed longer ago
+    assert other.take_over("r3", US // 2, 10) == []
+    # the worker that gets the message again retakes the expired run row
+    again = Run("e", claim.slot_us, "worker-2-run")
+    assert other.begin_run(again, "worker-2", "task-e", LONG_LEASE).status is RunStatus.STARTED
+    assert other.finish_run(again, "success")
+    assert not store.finish_run(run, "success")  # the dead worker's start is gone
+    wait_past_grace(other)
+    assert other.take_over("r3", GRACE, 10) == []
+
+
+def test_a_finished_run_a_retry_and_a_live_run_are_never_taken(backend: Backend) -> None:
+    store = backend.ready()
+    _, finished = sent_and_started(store, "finished")
+    assert store.finish_run(finished, "failure")
+    # a run abandoned for a retry: its retry message is on its way
+    _, retried = sent_and_started(store, "retried")
+    assert store.abandon_run(retried)
+    # a run its worker renews (past its first ttl and the grace)
+    _, renewed = sent_and_started(store, "renewed")
+    sent_and_started(store, "live", ttl_us=LONG_LEASE)
+    wait_past_grace(store)
+    assert store.renew_run(renewed, LONG_LEASE)
+    other = backend.open()
+    assert other.take_over("r2", GRACE, 10) == []
+    # no run row at all (not a SingletonTask): a sent slot stays sent
+    store.register(["plain"])
+    [plain] = store.claim("r1", [SlotKey("plain", store.ping() - US)], LONG_LEASE)
+    store.confirm("r1", [plain])
+    wait_past_grace(store)
+    assert other.take_over("r2", GRACE, 10) == []
+
+
+def test_a_stalled_slot_is_sent_again_up_to_the_cap_and_then_left(backend: Backend) -> None:
+    # resends=2: the first start and two more, each of which died
+    store = backend.ready()
+    claim, _ = sent_and_started(store, "oom")
+    taker = backend.open(StalledRuns(resends=2))
+    fence = claim.fence
+    for attempt in (2, 3):
+        wait_past_grace(taker)
+        [taken] = taker.take_over("r2", GRACE, 10)
+        assert taken.fence == fence + 1
+        fence = taken.fence
+        assert taker.confirm("r2", [taken]) == [taken]
+        run = Run("oom", claim.slot_us, f"attempt-{attempt}")
+        assert taker.begin_run(run, f"w{attempt}", "task-oom", RUN_TTL).status is (
+            RunStatus.STARTED
+        )
+    # the third start died too: the cap holds, the slot stays sent, the run stalled
+    wait_past_grace(taker)
+    assert taker.take_over("r2", GRACE, 10) == []
+    # and with the re-sends off, even a first stall is left alone
+    off = backend.open(StalledRuns(resends=0))
+    sent_and_started(off, "off")
+    wait_past_grace(off)
+    assert off.take_over("r2", GRACE, 10) == []
+
+
+def test_a_stalled_slot_of_a_paused_entry_is_left_alone(backend: Backend) -> None:
+    store = backend.ready()
+    claim, _ = sent_and_started(store, "p")
+    pause(backend, "p")
+    wait_past_grace(store)
+    assert store.take_over("r2", GRACE, 10) == []
+    resume(backend, "p")
+    assert store.take_over("r2", GRACE, 10) == [claim._replace(fence=claim.fence + 1)]
+
+
+def test_only_stalled_slots_within_the_retention_are_taken(backend: Backend) -> None:
+    store = backend.ready()
+    sent_and_started(store, "e")  # a slot a second old, its run lapsed soon after
+    wait_past_grace(store)
+    # a window shorter than the slot's age and the run's lapse: out of it
+    short = backend.open(StalledRuns(resends=2, window_us=RUN_TTL // 2))
+    assert short.take_over("r2", GRACE, 10) == []
+    assert len(backend.open(StalledRuns()).take_over("r2", GRACE, 10)) == 1
+
+
+def test_the_heartbeat_counts_the_runs_that_may_have_stalled_as_open_claims(
+    backend: Backend,
+) -> None:
+    """A sweep skips the takeover when the heartbeat counts no open claim: a
+    stalled run must count, or nothing claimed would leave it lost."""
+    store = backend.ready()
+    _beat(store, "r1")
+    assert store.open_claims == 0
+    claim, _run = sent_and_started(store, "e")
+    _beat(store, "r1")
+    assert store.open_claims == 0  # running and live
+    wait_past_grace(store)
+    _beat(store, "r1")
+    assert store.open_claims == 1
+    [taken] = store.take_over("r2", GRACE, 10)
+    _beat(store, "r1")
+    assert store.open_claims == 2  # the slot claimed again, and its run until it starts
+    store.confirm("r2", [taken])
+    again = Run("e", claim.slot_us, "again")
+    store.begin_run(again, "w2", "task-e", LONG_LEASE)
+    _beat(store, "r1")
+    assert store.open_claims == 0
+
+
+def test_concurrent_take_overs_never_return_the_same_stalled_slot(backend: Backend) -> None:
+    store = backend.ready()
+    names = [f"e{i}" for i in range(12)]
+    for name in names:
+        sent_and_started(store, name)
+    wait_past_grace(store)
+    stores = [backend.open() for _ in range(4)]
+    for s in stores:
+        s.ping()
+
+    def sweeper(i: int, s: Store) -> Callable[[], list[Claim]]:
+        def run() -> list[Claim]:
+            taken: list[Claim] = []
+            while batch := s.take_over(f"sweeper-{i}", GRACE, 2):
+                assert len(batch) <= 2
+                taken.extend(batch)
+            return taken
+
+        return run
+
+    results = run_together([sweeper(i, s) for i, s in enumerate(stores)])
+    counts = Counter(c.entry for taken in results for c in taken)
+    assert set(counts) == set(names)
     assert max(counts.values()) == 1
 
 

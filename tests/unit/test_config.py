@@ -301,3 +301,24 @@ def test_overrides_read_a_namespaced_conf_through_get() -> None:
     settings = Settings.from_conf(Overrides({"singlebeat_table_prefix": "cli_"}, app.conf))
     assert settings.lease == timedelta(seconds=20)
     assert settings.table_prefix == "cli_"
+
+
+def test_stalled_run_resends_default_on_and_reach_the_store() -> None:
+    from celery_singlebeat.store.base import StalledRuns
+    from celery_singlebeat.store.sql import SqlStore
+
+    settings = Settings.from_conf({})
+    assert settings.stalled_run_resends == 2 == StalledRuns().resends
+    assert settings.retention_us == StalledRuns().window_us
+    off = Settings.from_conf({"singlebeat_stalled_run_resends": 0, "singlebeat_retention": 120})
+    store = SqlStore.from_settings(off)
+    try:
+        assert store.stalled_runs == StalledRuns(resends=0, window_us=120 * 1_000_000)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True, None])
+def test_bad_stalled_run_resends(value: Any) -> None:
+    message = str(refused({"singlebeat_stalled_run_resends": value}))
+    assert message.startswith(f"singlebeat_stalled_run_resends={value!r}: expected an integer >= 0")

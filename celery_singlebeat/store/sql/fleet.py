@@ -74,6 +74,9 @@ class SqlFleet:
             "slack_us": LIVE_SLACK_US,
             "catalog": self.catalogs.get(info.id),
             "lost_writes": info.lost_writes,
+            # the runs that may have stalled count as open claims (fleet_statements.py)
+            "resends": self.host.stalled_runs.resends,
+            "window_us": self.host.stalled_runs.window_us,
         }
 
         one_row = self.host.backend == "sqlite"
@@ -94,6 +97,8 @@ class SqlFleet:
                 self.sql.heartbeat_read,
                 beats=LIVE_HEARTBEATS,
                 slack_us=LIVE_SLACK_US,
+                resends=params["resends"],
+                window_us=params["window_us"],
             )
 
         rows = self.executor.run("heartbeat", work)

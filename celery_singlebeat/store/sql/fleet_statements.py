@@ -7,7 +7,7 @@ revision), its graceful stop, the catalog of its entries, the pauses it
 honours, a LISTEN channel's probe, and the prune of the fleet's rows. Table
 names: ``{s}`` slots, ``{m}`` meta, ``{r}`` replicas, ``{k}`` catalog
 rows, ``{h}`` catalog headers, ``{p}`` pauses, ``{d}`` schedules, ``{q}``
-run-now requests.
+run-now requests, ``{u}`` SingletonTask's run rows.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ TABLES = {
     "p": "pauses",
     "d": "schedules",
     "q": "requests",
+    "u": "runs",
 }
 
 #: the stored schedules' highest revision (through its index), which the
@@ -78,6 +79,21 @@ _SCHEDULES = "(SELECT max(revision) FROM {d})"
 #: ... and the floor of what the prune kept of them (feed_versions says why)
 _FLOOR = "(SELECT value_us FROM {m} WHERE key = 'schedule_floor')"
 _MY_FLOOR = "(SELECT value_us FROM {m} WHERE `key` = 'schedule_floor')"
+
+
+def _open_claims(now: str) -> str:
+    """:attr:`.FleetStore.open_claims`: the claimed-but-unsent rows, and the
+    runs that may have stalled (running, lapsed within the retention, started
+    no more than ``:resends`` times: :meth:`.SlotStore.take_over` may send
+    their slots again), so that a sweep tries the takeover while either
+    exists. Over-counts (a run still in its grace, a slot sent again and
+    waiting for a worker) only cost a takeover statement that finds nothing;
+    both counts are ranges over an index (``ix_<prefix>slots_open``,
+    ``ix_<prefix>runs_open``)."""
+    return f"""((SELECT count(*) FROM {{s}} WHERE state = 0)
+             + (SELECT count(*) FROM {{u}} WHERE state = 0 AND attempts <= :resends
+                AND expires_us > {now} - :window_us AND expires_us < {now}))"""
+
 
 # Replicas gone for longer than the retention: stopped, or not seen since.
 _PRUNE_REPLICAS = """
@@ -130,7 +146,7 @@ POSTGRESQL = FleetDialect(
                 stopped_us = NULL
             RETURNING 1
         )
-        SELECT n.us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+        SELECT n.us, {CONTROLS}, {_open_claims("n.us")}, o.id,
                {_SCHEDULES}, {_FLOOR}
         FROM n LEFT JOIN (
             SELECT lr.id FROM {{r}} lr, n WHERE {live_replica("n.us", "lr")}
@@ -174,7 +190,7 @@ MYSQL = FleetDialect(
     # MySQL has no RETURNING, no writing CTE: the upsert, then the read
     heartbeat=_MY_HEARTBEAT,
     heartbeat_read=f"""
-        SELECT {MY_NOW}, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0), o.id,
+        SELECT {MY_NOW}, {MY_CONTROLS}, {_open_claims(MY_NOW)}, o.id,
                {_SCHEDULES}, {_MY_FLOOR}
         FROM (SELECT 1 AS one) d LEFT JOIN (
             SELECT lr.id FROM {{r}} lr WHERE {live_replica(MY_NOW, "lr")}
@@ -184,7 +200,7 @@ MYSQL = FleetDialect(
     # upsert, so the live list includes this replica's fresh row
     heartbeat_returning=_MY_HEARTBEAT
     + f"""
-        RETURNING seen_us, {MY_CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+        RETURNING seen_us, {MY_CONTROLS}, {_open_claims(MY_NOW)},
             (SELECT live.ids FROM (SELECT JSON_ARRAYAGG(lr.id) AS ids FROM {{r}} lr
              WHERE {live_replica(MY_NOW, "lr")}) live), {_SCHEDULES}, {_MY_FLOOR}""",
     stopped=f"UPDATE {{r}} SET stopped_us = {MY_NOW} WHERE id = :id",
@@ -223,7 +239,7 @@ SQLITE = FleetDialect(
             loop_us = excluded.loop_us, offset_us = excluded.offset_us,
             tracked = excluded.tracked, proposes_first = excluded.proposes_first,
             heartbeat_us = excluded.heartbeat_us, version = excluded.version, stopped_us = NULL
-        RETURNING seen_us, {CONTROLS}, (SELECT count(*) FROM {{s}} WHERE state = 0),
+        RETURNING seen_us, {CONTROLS}, {_open_claims(LITE_NOW)},
             (SELECT json_group_array(lr.id) FROM {{r}} lr
              WHERE {live_replica(LITE_NOW, "lr")}), {_SCHEDULES}, {_FLOOR}""",
     heartbeat_read="",

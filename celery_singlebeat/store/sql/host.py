@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ...redact import Secrets
 from ...timeline.clock import DatabaseClock
+from ..values import StalledRuns
 from .executor import SqlExecutor
 from .schema import Tables
 
@@ -44,6 +45,8 @@ class SqlHost(Protocol):
     open_claims: int | None
     #: :attr:`.ScheduleStore.schedule_revision`
     schedule_revision: int | None
+    #: :attr:`.SlotStore.stalled_runs`: the takeover and the heartbeat read it
+    stalled_runs: StalledRuns
 
 
 def fetch(host: SqlHost, conn: Connection, statement: str, /, **params: Any) -> list[Any]:

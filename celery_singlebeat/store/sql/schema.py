@@ -132,6 +132,10 @@ class Tables:
             # deliveries dropped as duplicates, and the last one's instant
             Column("repeats", Integer, nullable=False),
             Column("last_repeat_us", BigInteger, nullable=True),
+            # the running rows by expiry: the heartbeat counts, and the
+            # takeover sends again, the slots whose run stalled (a worker died
+            # mid-run) by a range over the few running rows, not the table
+            Index(f"ix_{prefix}runs_open", "state", "expires_us"),
         )
 
         # -- operating the fleet (docs/operations.md) ---------------------------

@@ -6,7 +6,9 @@ who owned recent ones. A claim and a takeover refuse in SQL what is paused
 (``{p}``), early, at or below the high-water mark, or proposed under a stored
 definition that was replaced since: no replica is trusted to check. Table
 names: ``{e}`` entries, ``{s}`` slots, ``{m}`` meta, ``{k}`` catalog rows,
-``{p}`` pauses, ``{d}`` schedules, ``{l}`` the schedule log.
+``{p}`` pauses, ``{d}`` schedules, ``{l}`` the schedule log, ``{u}``
+SingletonTask's run rows (a takeover also sends again a sent slot whose run
+stalled, :meth:`.SlotStore.take_over`).
 
 ``:slots`` is one JSON parameter (``dialect.py`` says why): ``[[entry,
 slot_us, fence], ...]``, or for a claim ``[[entry, slot_us, revision,
@@ -39,6 +41,10 @@ class SlotDialect:
     register_select: str
     claim: str
     take_over: str
+    #: MySQL only (its take_over is one single-table UPDATE, which can join
+    #: nothing): the stalled slots (:func:`_stalled`), marked with the same
+    #: ``:batch``; "" where ``take_over`` takes both kinds in one statement
+    take_over_stalled: str
     confirm: str
     #: insert ``:slots`` as sent by ``:owner`` where missing, mark them sent where
     #: still claimed by ``:owner`` at that fence (Store.reassert); MySQL marks
@@ -61,6 +67,7 @@ TABLES = {
     "p": "pauses",
     "d": "schedules",
     "l": "schedule_log",
+    "u": "runs",
 }
 
 
@@ -103,6 +110,25 @@ def _stale(entry: str, revision: str, written: str, latest: str) -> str:
                         OR EXISTS (SELECT 1 FROM {{l}} l WHERE l.name = d.name
                                    AND l.at_us > {written}
                                    AND l.at_us + :stale_us < {latest}))))"""
+
+
+def _stalled(now: str) -> str:
+    """The conditions (over run row ``r`` and slot row ``s``) of a sent slot
+    whose SingletonTask run stalled: the run still running, its expiry lapsed
+    more than the grace (``:lease_us``, the beat lease) ago but within the
+    retention (``:window_us``; an expiry of 0 is a run abandoned for a retry,
+    whose message is on its way: below the window, never taken), started at
+    most ``:resends`` times (the cap), and the slot sent, last handed over
+    more than the grace ago (a slot sent again waits that long for a worker to
+    start it), within the retention, of an entry not paused. The search starts
+    from the run rows: ``ix_<prefix>runs_open`` (state, expires_us) bounds it to
+    the runs that lapsed in the window, a handful, whatever the tables hold."""
+    return f"""r.state = 0 AND r.attempts <= :resends
+              AND r.expires_us > {now} - :window_us AND r.expires_us < {now} - :lease_us
+              AND s.entry = r.entry AND s.slot_us = r.slot_us
+              AND s.state = 1 AND s.claimed_us < {now} - :lease_us
+              AND s.slot_us > {now} - :window_us
+              AND NOT {_paused("s.entry", now)}"""
 
 
 _PG_SLOTS = """(SELECT v ->> 0 AS entry, CAST(v ->> 1 AS BIGINT) AS slot_us,
@@ -165,14 +191,27 @@ POSTGRESQL = SlotDialect(
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
         ),
+        stalled AS (
+            SELECT s.entry, s.slot_us FROM {{u}} r, {{s}} s
+            WHERE {_stalled("(SELECT us FROM n)")}
+            ORDER BY s.slot_us, s.entry
+            LIMIT :limit
+            FOR UPDATE OF s SKIP LOCKED
+        ),
+        chosen AS (
+            SELECT entry, slot_us FROM victims UNION ALL SELECT entry, slot_us FROM stalled
+            ORDER BY slot_us, entry
+            LIMIT :limit
+        ),
         taken AS (
-            UPDATE {{s}} s SET owner = :owner, fence = s.fence + 1,
+            UPDATE {{s}} s SET state = 0, owner = :owner, fence = s.fence + 1,
                 lease_until_us = n.us + :lease_us, claimed_us = n.us
-            FROM victims, n
-            WHERE s.entry = victims.entry AND s.slot_us = victims.slot_us
+            FROM chosen, n
+            WHERE s.entry = chosen.entry AND s.slot_us = chosen.slot_us
             RETURNING s.entry, s.slot_us, s.fence
         )
         SELECT n.us, taken.entry, taken.slot_us, taken.fence FROM n LEFT JOIN taken ON true""",
+    take_over_stalled="",
     confirm=f"""
         WITH n AS MATERIALIZED (SELECT {PG_NOW} AS us),
         done AS (
@@ -285,6 +324,20 @@ MYSQL = SlotDialect(
                OR {_stored("{s}.entry")})
         ORDER BY slot_us, entry
         LIMIT :limit""",
+    # A multi-table UPDATE takes no LIMIT: the derived table picks the oldest
+    # (materialized, as its LIMIT requires, so it may read the slots it
+    # updates), and the UPDATE checks again under the row lock what a
+    # concurrent sweep may have changed since (it reads the latest version).
+    take_over_stalled=f"""
+        UPDATE {{s}} t JOIN (
+            SELECT s.entry, s.slot_us FROM {{u}} r JOIN {{s}} s
+            ON {_stalled(MY_NOW)}
+            ORDER BY s.slot_us, s.entry
+            LIMIT :limit
+        ) v ON t.entry = v.entry AND t.slot_us = v.slot_us
+        SET t.batch = :batch, t.state = 0, t.owner = :owner, t.fence = t.fence + 1,
+            t.lease_until_us = {MY_NOW} + :lease_us, t.claimed_us = {MY_NOW}
+        WHERE t.state = 1 AND t.claimed_us < {MY_NOW} - :lease_us""",
     confirm=f"""
         UPDATE {{s}} s JOIN {_MY_SLOTS}
             ON s.entry = c.entry COLLATE utf8mb4_bin AND s.slot_us = c.slot_us
@@ -371,16 +424,22 @@ SQLITE = SlotDialect(
               AND (s.lease_until_us < excluded.claimed_us OR s.owner = excluded.owner)
         RETURNING {LITE_NOW}, entry, slot_us, fence, {CONTROLS}""",
     take_over=f"""
-        UPDATE {{s}} SET owner = :owner, fence = fence + 1,
+        UPDATE {{s}} SET state = 0, owner = :owner, fence = fence + 1,
             lease_until_us = {LITE_NOW} + :lease_us, claimed_us = {LITE_NOW}
         WHERE rowid IN (
-            SELECT rowid FROM {{s}} WHERE state = 0 AND lease_until_us < {LITE_NOW}
-              AND NOT {_paused("{s}.entry", LITE_NOW)}
-              AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
-                                        WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
-                   OR {_stored("{s}.entry")})
-            ORDER BY slot_us, entry LIMIT :limit)
+            SELECT rid FROM (
+                SELECT rowid AS rid, slot_us, entry FROM {{s}}
+                WHERE state = 0 AND lease_until_us < {LITE_NOW}
+                  AND NOT {_paused("{s}.entry", LITE_NOW)}
+                  AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
+                                            WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
+                       OR {_stored("{s}.entry")})
+                UNION ALL
+                SELECT s.rowid, s.slot_us, s.entry FROM {{u}} r, {{s}} s
+                WHERE {_stalled(LITE_NOW)}
+            ) ORDER BY slot_us, entry LIMIT :limit)
         RETURNING {LITE_NOW}, entry, slot_us, fence""",
+    take_over_stalled="",
     confirm=f"""
         UPDATE {{s}} SET state = 1, sent_us = COALESCE(sent_us, {LITE_NOW})
         WHERE owner = :owner AND (entry, slot_us, fence) IN (

@@ -179,22 +179,33 @@ class SqlSlots:
         )
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+        stalled = self.host.stalled_runs
         # run-now rows only for the entries of the catalog this replica published
         params = {
             "owner": owner,
             "lease_us": lease_us,
             "limit": limit,
             "catalog": self.catalogs.get(owner),
+            "resends": stalled.resends,
+            "window_us": stalled.window_us,
         }
+        if self.sql.take_over_stalled and stalled.resends > 0:
+            return self._won(
+                "take over", self.sql.take_over, params, sent=False, then=self.sql.take_over_stalled
+            )
         return self._won("take over", self.sql.take_over, params, sent=False)
 
-    def _won(self, what: str, statement: str, params: dict[str, Any], sent: bool) -> list[Claim]:
+    def _won(
+        self, what: str, statement: str, params: dict[str, Any], sent: bool, then: str = ""
+    ) -> list[Claim]:
         """The rows a statement won for ``params["owner"]``, oldest first.
 
         With RETURNING they come back with it; on MySQL the statement marks them
         with a batch id of its own and a second statement reads them back, only
         when the first changed a row. ``sent``: the rows it wins are sent ones
-        (reassert) rather than claims (take_over).
+        (reassert) rather than claims (take_over). ``then`` (MySQL): a second
+        statement marking more rows with the same batch, up to what is left of
+        ``params["limit"]`` (the takeover's stalled slots).
         """
         if self.sql.returning:
             return _oldest_first(
@@ -206,10 +217,12 @@ class SqlSlots:
         owner = params["owner"]
 
         def work(conn: Connection) -> list[Claim]:
-            if (
-                conn.execute(self.executor.text(statement), {**params, "batch": batch}).rowcount
-                == 0
-            ):
+            won = conn.execute(self.executor.text(statement), {**params, "batch": batch}).rowcount
+            left = int(params.get("limit", 0)) - won
+            if then and left > 0:
+                more = {**params, "batch": batch, "limit": left}
+                won += conn.execute(self.executor.text(then), more).rowcount
+            if won == 0:
                 # nothing to read back; the heartbeat sent with every sweep
                 # feeds the clock (a ping here cost MySQL one statement a sweep)
                 return []

@@ -49,6 +49,7 @@ from ..base import (
     ScheduleRow,
     ScheduleWrite,
     SlotKey,
+    StalledRuns,
     Store,
     Written,
 )
@@ -116,8 +117,11 @@ class SqlStore(Store):
         table_prefix: str = "singlebeat_",
         engine_options: dict[str, Any] | None = None,
         clock: DatabaseClock | None = None,
+        stalled_runs: StalledRuns | None = None,
     ) -> None:
         self.url = url
+        #: :attr:`.SlotStore.stalled_runs` (the parts read it)
+        self.stalled_runs = stalled_runs if stalled_runs is not None else StalledRuns()
         self.backend = url.get_backend_name()
         #: what this store connects with, to scrub from the errors it wraps
         self.secrets = Secrets.of(url, engine_options)
@@ -208,6 +212,7 @@ class SqlStore(Store):
             settings.url,
             table_prefix=settings.table_prefix,
             engine_options=dict(settings.engine_options),
+            stalled_runs=StalledRuns(settings.stalled_run_resends, settings.retention_us),
         )
 
     def _install_session_setup(self) -> None:

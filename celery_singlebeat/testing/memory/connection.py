@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ...exceptions import ConnectionReplaced, SchemaError, StoreUnavailable
-from ...store.base import StoreConnection
+from ...store.base import StalledRuns, StoreConnection
 from ...store.sql.schema import SCHEMA_VERSION
 from ...timeline.clock import DatabaseClock
 from ..clock import wall_us
@@ -182,3 +182,8 @@ class MemoryConnection(StoreConnection):
 
     def close(self) -> None:
         """Nothing to release; the data stays, for other replicas sharing the store."""
+
+    #: :attr:`.SlotStore.stalled_runs`, which the slots' takeover and the
+    #: fleet's heartbeat read (the store is this connection); a test or a
+    #: scheduler sets it on the store like the SQL store's ``stalled_runs=``
+    stalled_runs: StalledRuns = StalledRuns()

@@ -34,8 +34,17 @@ class MemoryFleet:
         with self._connection.round_trip("heartbeat") as now:
             row = dict(info._asdict(), seen_us=now, stopped_us=None)
             self._state.replicas[info.id] = row
+            # and the runs that may have stalled, as the SQL heartbeat counts
+            # them (fleet_statements._open_claims)
+            policy = self._connection.stalled_runs
             self._connection.open_claims = sum(
                 1 for r in self._state.slots.values() if r.state == 0
+            ) + sum(
+                1
+                for r in self._state.runs.values()
+                if r.state == 0
+                and r.attempts <= policy.resends
+                and now - policy.window_us < r.expires_us < now
             )
             self._connection.schedule_revision = self._state.top_revision()
             return sorted(

@@ -162,30 +162,56 @@ class MemorySlots:
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
     def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        """See :meth:`.SlotStore.take_over`."""
+        """See :meth:`.SlotStore.take_over`: abandoned claims, and sent slots
+        whose run stalled (:meth:`_stalled`)."""
         with self._connection.round_trip("take over") as now:
-            abandoned = sorted(
-                (
-                    key
-                    for key, row in self._state.slots.items()
-                    if row.state == 0
-                    and row.lease_until_us < now
-                    and not (self._state.pauses and self._paused(key.entry, now))
-                    and (
-                        row.fence > 0
-                        or key.entry in self._state.catalog.get(owner, {})
-                        or self._stored_live(key.entry)
-                    )
-                ),
-                key=lambda k: (k.slot_us, k.entry),
+            abandoned = [
+                key
+                for key, row in self._state.slots.items()
+                if row.state == 0
+                and row.lease_until_us < now
+                and not (self._state.pauses and self._paused(key.entry, now))
+                and (
+                    row.fence > 0
+                    or key.entry in self._state.catalog.get(owner, {})
+                    or self._stored_live(key.entry)
+                )
+            ]
+            chosen = sorted(
+                abandoned + self._stalled(now, lease_us), key=lambda k: (k.slot_us, k.entry)
             )
             taken: list[Claim] = []
-            for key in abandoned[: max(limit, 0)]:
+            for key in chosen[: max(limit, 0)]:
                 row = self._state.slots[key]
-                row.owner, row.fence = owner, row.fence + 1
+                row.state, row.owner, row.fence = 0, owner, row.fence + 1
                 row.lease_until_us, row.claimed_us = now + lease_us, now
                 taken.append(Claim(key.entry, key.slot_us, row.fence))
             return taken
+
+    def _stalled(self, now: int, grace_us: int) -> list[SlotKey]:
+        """The sent slots whose SingletonTask run stalled, as the SQL statement
+        finds them (``slot_statements._stalled``): from the run rows."""
+        policy = self._connection.stalled_runs
+        if policy.resends <= 0:
+            return []
+        found = []
+        for key, run in self._state.runs.items():
+            if not (
+                run.state == 0
+                and run.attempts <= policy.resends
+                and now - policy.window_us < run.expires_us < now - grace_us
+            ):
+                continue
+            row = self._state.slots.get(key)
+            if (
+                row is not None
+                and row.state == 1
+                and row.claimed_us < now - grace_us
+                and key.slot_us > now - policy.window_us
+                and not (self._state.pauses and self._paused(key.entry, now))
+            ):
+                found.append(key)
+        return found
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
