@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo example test test-django test-django-newest test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos compare docs plots clean dist smoke check-extras coverage coverage-python
+.PHONY: demo example test test-django test-django-newest test-pgbouncer test-compat test-python test-oldest unit lint typecheck bench bench-quick bench-load bench-failover bench-failover-mariadb bench-stored chaos explore compare docs plots clean dist smoke check-extras coverage coverage-python
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,14 @@ test-django-newest:
 	$(DJANGO_VENV)/bin/python -c 'import django, sys; print("test-django-newest: Python %d.%d, Django %s" % (*sys.version_info[:2], django.get_version()))'
 	$(MAKE) --no-print-directory test-django BIN=$(DJANGO_VENV)/bin STAMP= DJANGO_DBS="$(DJANGO_NEWEST_DBS)"
 DJANGO_NEWEST_DBS ?= sqlite postgres
+
+# The deterministic fault explorer (docs/testing.md, "The explorer"): SEEDS
+# seeds from FROM, each shrunk and given its replay line when it fails;
+# REPLAY=seed (with FAULTS=i,j from that line) runs one again, exactly.
+SEEDS ?= 200
+FROM ?= 0
+explore: $(STAMP)
+	$(BIN)/python -m celery_singlebeat.testing.explore $(if $(REPLAY),--replay $(REPLAY) $(if $(FAULTS),--faults $(FAULTS)),--seeds $(SEEDS) --from $(FROM)) $(if $(WITHOUT),--without $(WITHOUT))
 
 # The oldest Celery we support, in a venv of its own: the scheduler subclasses
 # Celery's Scheduler, whose internals move between releases.

@@ -99,7 +99,6 @@ import tempfile
 import threading
 import time
 import uuid
-from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -142,6 +141,7 @@ from harness import (  # noqa: E402
 import celery_singlebeat  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
 from celery_singlebeat.store.sql.executor import RECONNECT_WINDOW_S  # noqa: E402
+from celery_singlebeat.testing.explore.judge import DbWindow, db_windows, judge_static  # noqa: E402
 from celery_singlebeat.timeline.slots import slot_task_id  # noqa: E402
 
 US = 1_000_000
@@ -446,31 +446,6 @@ class Config:
     workdir: Path | None = None
     keep: bool = False
     quiet: bool = False
-
-
-@dataclass
-class DbWindow:
-    """Slots that fell due while the database was away: the missed-run policy's."""
-
-    fault: str
-    start_us: int
-    restored_us: int
-    #: the first claim after the database was back, of any entry and per entry:
-    #: when the replica that made it planned what was missed
-    recovered_us: int | None
-    recovered: dict[str, int]
-    #: the slots due inside it
-    slots: list[tuple[str, int]] = field(default_factory=list)
-
-    def recovery(self, entry: str) -> int | None:
-        return self.recovered.get(entry, self.recovered_us)
-
-    def contains(self, slot: tuple[str, int]) -> bool:
-        """Due after the outage began, and more than the grace before its
-        entry's first claim after it (give or take OUTAGE_EDGE_US)."""
-        recovered = self.recovery(slot[0])
-        end = 2**62 if recovered is None else recovered - GRACE_US + OUTAGE_EDGE_US
-        return self.start_us <= slot[1] <= end
 
 
 @dataclass
@@ -1327,33 +1302,18 @@ class Chaos:
     ) -> list[DbWindow]:
         # a write-back's row is stamped with the moment of the write-back, not
         # of a claim: it says nothing of when claiming resumed
-        claims = sorted((r[3], s[0], r[2]) for s, r in rows.items() if s not in self.written_back)
-        windows = []
-        for fault in self.faults:
-            if not fault.db_down or not fault.restored_us:
-                continue
-            after = claims[bisect_left(claims, (fault.restored_us, "", 0)) :]
-            first = after[0][0] if after else None
-            # The first replica back plans every entry at once (the others' share
-            # FALLBACK_DELAY_US later): an entry's own first claim then, if it had
-            # slots due, says when exactly. A taken-over row keeps only the taker's
-            # claim time, so only first claims (fence 1) are read.
-            recovered: dict[str, int] = {}
-            for claimed_us, entry, fence in after:
-                if first is not None and claimed_us > first + OUTAGE_EDGE_US:
-                    break
-                if fence == 1:
-                    recovered.setdefault(entry, claimed_us)
-            windows.append(
-                DbWindow(
-                    f"{fault.kind} at t+{(fault.start_us - self.started_us) / US:.1f}s",
-                    fault.start_us - OUTAGE_BEFORE_US,
-                    fault.restored_us,
-                    first,
-                    recovered,
-                )
+        claims = [(r[3], s[0], r[2]) for s, r in rows.items() if s not in self.written_back]
+        outages = [
+            (
+                f"{fault.kind} at t+{(fault.start_us - self.started_us) / US:.1f}s",
+                fault.start_us,
+                fault.restored_us,
             )
-        return windows
+            for fault in self.faults
+            if fault.db_down and fault.restored_us
+        ]
+        # the one judge's windows (celery_singlebeat.testing.explore.judge)
+        return db_windows(outages, claims, GRACE_US)
 
     def lost_in_broker(self, sent: list[tuple[str, int]]) -> set[tuple[str, int]]:
         """Of slots sent and confirmed but never executed, those the broker lost
@@ -1546,31 +1506,29 @@ class Chaos:
         report.held_at_broker_loss = sum(
             int(m["n"]) for text in worker_logs for m in RESTORING_LINE.finditer(text)
         )
-        executed = {s for s in done if s[1] <= upto_us}
-        report.executed = len(executed)
-        twice = sorted(s for s in executed if len(done[s]) > 1)
-        report.executed_twice = len(twice)
-        for s in twice[:20]:
-            report.problems.append(f"executed {len(done[s])}x: {s[0]}@{s[1]}")
-        unexpected = sorted(executed - due - optional)
-        report.unexpected = len(unexpected)
-        for s in unexpected[:20]:
-            report.problems.append(f"executed, but no slot of its entry: {s[0]}@{s[1]}")
+        # the one judge's checks (celery_singlebeat.testing.explore.judge); its
+        # early check is made below, with the publishes' times as well
+        static = judge_static(
+            required,
+            optional,
+            done,
+            windows,
+            upto_us,
+            self.started_us,
+            lambda s: rows.get(s, (0,))[0] == 1,
+            self.lost_in_broker,
+        )
+        report.executed = static.executed
+        report.executed_twice = static.executed_twice
+        report.unexpected = static.unexpected
+        report.problems += [p for p in static.problems if not p.startswith("claimed, sent")]
         report.failovers = self.failover_outcomes(published, all_done, upto_us)
         first_sent = self.first_publishes(beat_logs)
-        lost = []
-        for slot in sorted(required):
-            window = in_window(slot)
-            if window is not None:
-                window.slots.append(slot)
-                continue
-            report.due_required += 1
-            if slot not in done:
-                lost.append(slot)
-        in_broker = self.lost_in_broker([s for s in lost if rows.get(s, (0,))[0] == 1])
-        lost = [s for s in lost if s not in in_broker]
-        report.lost = len(lost)
-        report.lost_never_sent = sum(1 for s in lost if rows.get(s, (0,))[0] != 1)
+        report.due_required = static.due_required
+        in_broker = set(static.lost_in_broker)
+        lost = static.lost_slots
+        report.lost = static.lost
+        report.lost_never_sent = static.lost_never_sent
         runs = run_rows(self.db) if self.db is not None else {}
         for s in lost[:20]:
             row = rows.get(s)

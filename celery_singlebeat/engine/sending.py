@@ -163,6 +163,12 @@ class Sending:
         if failed or expired or unknown:
             self.held.released(failed + expired + unknown, monotonic())
         if failed or expired:
+            # Remembered for the failover window, as slots another replica
+            # won are (Hold.recovery): a failover to a standby that lacks the
+            # claim loses the row with it, and no replica then holds the slot
+            # to take it over; proposed again after the break, the claim
+            # wins it only where no row says another replica has it.
+            self.hold.won_elsewhere.add([c.key for c in failed + expired], monotonic())
             ctx.connected_store.release(ctx.replica_id, failed + expired)
         if unknown:
             self._leave_unknown(unknown)

@@ -72,7 +72,11 @@ class SingletonStore(StoreConnection):
         STARTED when the slot has no run row (one is inserted: running, with
         ``run.run_id`` and ``expires_us = now + ttl_us``), or when its row is
         running but expired (the worker that ran it died or lost the database
-        for longer than the ttl: the row is retaken with the new ``run_id``).
+        for longer than the ttl: the row is retaken with the new ``run_id``,
+        ``attempts`` + 1), or running and let go for a retry by
+        :meth:`abandon_run` (retaken too, ``attempts`` unchanged: a retry is
+        no new attempt, and the cap of the stalled runs' re-sends,
+        :meth:`.SlotStore.take_over`, counts only starts after a death).
         Otherwise nothing is started: FINISHED when the row is finished, RUNNING
         when it is running and live; both count one more repeat on the row
         (``repeats``, ``last_repeat_us``), so duplicate deliveries are recorded.

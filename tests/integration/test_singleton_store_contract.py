@@ -602,7 +602,8 @@ def test_abandon_run_lets_the_next_delivery_start_at_once(backend: Backend) -> N
         RunStatus.STARTED, "w2", None
     )
     row = run_rows(backend)[("e", 10)]
-    assert (row["run_id"], row["attempts"]) == ("run-2", 2)
+    # a retry is no new attempt: the stalled runs' re-send cap counts deaths only
+    assert (row["run_id"], row["attempts"]) == ("run-2", 1)
     assert store.finish_run(first, "success") is False
     assert store.finish_run(second, "retry") is True
 
@@ -659,7 +660,8 @@ def test_end_slot_finishes_or_abandons_the_run_and_releases_the_key(
     assert store.end_slot(Run("e", 20, "run-2"), None, lease2) == (True, True)
     again, lease3 = store.begin_slot(Run("e", 20, "run-3"), "k", "w2", "t", LONG_LEASE)
     assert again.status is RunStatus.STARTED and isinstance(lease3, Lease)
-    assert run_rows(backend)[("e", 20)]["attempts"] == 2
+    # retaken, but a retry is no new attempt (only a start after a death is)
+    assert run_rows(backend)[("e", 20)]["attempts"] == 1
 
 
 # -- cost ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from functools import partial
 
 from celery import Celery
 from kombu.connection import Connection
@@ -234,7 +234,7 @@ class _Run:
     def schedule(self) -> None:
         world = self.world
         for fault in self.plan:
-            world.at(START_US + fault.at_us, lambda f=fault: self.strike(f))
+            world.at(START_US + fault.at_us, partial(self.strike, fault))
         self.editor.open()
         self.edit_at(START_US + WARMUP_US)
 
@@ -256,7 +256,7 @@ class _Run:
                 link.available = False
                 if broken:
                     link.interruptions += 1
-                    link._broken = True  # noqa: SLF001 (the link's own fault)
+                    link._broken = True
         end = start + int(seconds * US)
 
         def up() -> None:
@@ -270,7 +270,7 @@ class _Run:
     def links(self) -> list[Link]:
         out = [n.link for n in self.world.nodes.values()]
         out += [w.link for w in self.workers.workers]
-        return out + [self.ops, self.editor_link]
+        return [*out, self.ops, self.editor_link]
 
     def strike(self, fault: Fault) -> None:
         world = self.world
@@ -292,7 +292,7 @@ class _Run:
                 node.arm = (where, amount_us)
         elif kind == "kill" and alive:
             world.kill(node)
-            world.at(world.now_us + amount_us, lambda n=fault.target: self.spawn(n))
+            world.at(world.now_us + amount_us, partial(self.spawn, fault.target))
         elif kind == "db-outage":
             self.down(f"outage at {self.t(world.now_us)}", fault.amount, True)
         elif kind == "db-restart":
@@ -430,9 +430,7 @@ class _Run:
                 required.add(slot)
         first_claims = [(c[0], c[1], c[3]) for c in world.claims]
         windows = db_windows(self.outages, first_claims)
-        early = {
-            (c[1], c[2]) for c in world.claims if c[3] == 1 and c[0] < c[2] - 250_000
-        }
+        early = {(c[1], c[2]) for c in world.claims if c[3] == 1 and c[0] < c[2] - 250_000}
         lost_ids = world.broker_lost
 
         def broker_lost(slots: list[tuple[str, int]]) -> set[tuple[str, int]]:
@@ -452,11 +450,11 @@ class _Run:
         for s in static.lost_slots[:20]:
             outcome.violations.append(f"lost: {s[0]}@{s[1]} ({self.t(s[1])}) row {rows.get(s)}")
         # no claim of a paused entry while its pause was in force
-        for at, entry, slot_us, fence, by in world.claims:
+        for at, claimed, slot_us, _, by in world.claims:
             for e, p0, p1 in self.pauses:
-                if e == entry and p0 < at < p1 and not self.lost(p0):
+                if e == claimed and p0 < at < p1 and not self.lost(p0):
                     outcome.violations.append(
-                        f"claimed while paused: {entry}@{slot_us} by {by} at {self.t(at)}"
+                        f"claimed while paused: {claimed}@{slot_us} by {by} at {self.t(at)}"
                     )
         history = list(state.schedule_log)
 
@@ -464,11 +462,16 @@ class _Run:
             for start, end in self.infra:
                 if start <= hi and end + 10 * US >= lo:
                     return True
-            return any(
+            if any(
                 START_US + f.at_us <= hi and START_US + f.at_us + int(LEASE_S * 3 * US) >= lo
                 for f in self.plan
                 if f.kind.startswith(("stop", "kill", "answer"))
-            )
+            ):
+                return True
+            # a worker that died mid-run holds its slot until the run's ttl, a
+            # lease's grace and a sweep have passed (the stalled run's re-send)
+            hold = int((TTL_S + 2 * LEASE_S) * US) + 2 * US
+            return any(when <= hi and when + hold >= lo for _, _, when in self.workers.died_in)
 
         edits = judge(
             self.editor.attempts,
@@ -536,12 +539,3 @@ def shrink(seed: int, plan: Sequence[Fault]) -> list[Fault]:
                 changed = True
                 break
     return kept
-
-
-def describe(plan: Sequence[Fault], faults: Sequence[Fault]) -> list[int]:
-    """The indices of ``faults`` in ``plan`` (what a replay names)."""
-    return [plan.index(f) for f in faults]
-
-
-def _unused(*_: Any) -> None:
-    pass

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kombu.transport import memory, virtual
 
@@ -33,8 +33,24 @@ from ...timeline.clock import DatabaseClock
 from ..memory import MemoryStore
 from ..memory.state import MemoryState
 
-if TYPE_CHECKING:
-    from .world import World
+
+class World(Protocol):
+    """What a link and the broker ask of the world (:class:`.world.World`)."""
+
+    now_us: int
+
+    def clock(self) -> int: ...
+
+    def point(self, link: Link, where: str) -> None: ...
+
+    def answer_lost(self, link: Link, what: str) -> bool: ...
+
+    def publish(self, queue: str, message: Any) -> None: ...
+
+    def claimed(self, owner: str, won: list[Claim], revisions: Any) -> None: ...
+
+    def taken(self, owner: str, taken: list[Claim]) -> None: ...
+
 
 __all__ = ["BROKER_ERROR", "Link", "SkewedClock", "transport_for"]
 
@@ -94,7 +110,9 @@ class Link(MemoryStore):
         self.world.claimed(owner, won, revisions)
         return won
 
-    def take_over(self, owner: str, lease_us: int, limit: int, *args: Any, **kwargs: Any) -> list[Claim]:
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, *args: Any, **kwargs: Any
+    ) -> list[Claim]:
         taken = super().take_over(owner, lease_us, limit, *args, **kwargs)
         self.world.taken(owner, taken)
         return taken

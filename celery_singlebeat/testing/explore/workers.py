@@ -20,6 +20,7 @@ when it started, the version in its kwargs), so the one judge reads both.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -31,7 +32,6 @@ from ...store.base import Busy, Lease, Run, RunRecord, RunStatus
 from ...timeline.clock import US
 from ...timeline.slots import SLOT_HEADER
 from ..memory.state import MemoryState
-from .judge import TASK
 from .links import Link
 
 if TYPE_CHECKING:
@@ -83,9 +83,7 @@ class _Worker:
 class Workers:
     """``count`` workers of the world's queue (module docstring)."""
 
-    def __init__(
-        self, world: World, state: MemoryState, count: int, ttl_us: int, rng: Any
-    ) -> None:
+    def __init__(self, world: World, state: MemoryState, count: int, ttl_us: int, rng: Any) -> None:
         self.world = world
         self.state = state
         self.ttl_us = ttl_us
@@ -157,10 +155,8 @@ class Workers:
             except ConnectionReplaced:
                 continue
             except StoreUnavailable:
-                try:
+                with contextlib.suppress(StoreUnavailable):
                     worker.link.abandon_run(run)
-                except StoreUnavailable:
-                    pass
                 # SingletonTask's retry: after the ttl, when a run row may be left
                 self._later(message, self.ttl_us + US)
                 return
@@ -174,10 +170,8 @@ class Workers:
         if isinstance(got, Busy) or got is None:
             # the key is held (a run of this entry's key still in progress):
             # the run row is let go and the message retried (singleton_busy)
-            try:
+            with contextlib.suppress(StoreUnavailable):
                 worker.link.abandon_run(run)
-            except StoreUnavailable:
-                pass
             self._later(message, US)
             return
         started = world.now_us
@@ -227,7 +221,7 @@ class Workers:
         self.records.append(
             {
                 "event": "start",
-                "task": message.task if message.task == TASK else message.task,
+                "task": message.task,
                 "slot": [message.entry, message.slot_us],
                 "task_id": message.task_id,
                 "pid": f"{worker.name}#{worker.generation}",

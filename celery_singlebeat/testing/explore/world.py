@@ -46,7 +46,9 @@ class Killed(BaseException):
 class _Replica(MemoryScheduler):
     """The real scheduler on its own link and broker connection."""
 
-    def __init__(self, app: Any, *, link: Link, connection: Any, name: str, env: Environment) -> None:
+    def __init__(
+        self, app: Any, *, link: Link, connection: Any, name: str, env: Environment
+    ) -> None:
         self._world_connection = connection
         super().__init__(app, store=link, env=env, replica_id=name)
 
@@ -129,7 +131,9 @@ class World:
     # -- replicas ------------------------------------------------------------------
 
     def spawn(self, node: Node, app: Any, connection: Any, env: Environment) -> None:
-        node.scheduler = _Replica(app, link=node.link, connection=connection, name=node.name, env=env)
+        node.scheduler = _Replica(
+            app, link=node.link, connection=connection, name=node.name, env=env
+        )
         node.wake_us = self.now_us
         node.state = "idle"
         thread = threading.Thread(target=self._main, args=(node,), name=node.name, daemon=True)
@@ -169,7 +173,7 @@ class World:
     def point(self, link: Link, where: str) -> None:
         """A step boundary in a replica's thread (links.py); elsewhere nothing."""
         node: Node | None = getattr(self._local, "node", None)
-        if node is None or node.link is not link and where != "publish":
+        if node is None or (node.link is not link and where != "publish"):
             return
         if node.killed:
             raise Killed

@@ -72,9 +72,12 @@ class MemorySingletons:
                 self._state.runs[key] = MemoryRun(run.run_id, 0, owner, task_id, now + ttl_us, now)
                 return RunBegin(RunStatus.STARTED, owner, None)
             if row.state == 0 and row.expires_us < now:
+                # a row let go for a retry (expiry 0) is no new attempt: only a
+                # start after its worker died counts (the stalled re-sends' cap)
+                if row.expires_us > 0:
+                    row.attempts += 1
                 row.run_id, row.owner, row.task_id = run.run_id, owner, task_id
                 row.expires_us, row.started_us = now + ttl_us, now
-                row.attempts += 1
                 return RunBegin(RunStatus.STARTED, owner, None)
             row.repeats += 1
             row.last_repeat_us = now
