@@ -308,7 +308,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                     # The run row may have been started: let it go now, or it
                     # expires after the TTL, and the retry waits that long.
                     with contextlib.suppress(StoreUnavailable):
-                        store.abandon_run(run)
+                        store.abandon_run(run, ran=False)
                 raise
             break
         assert run is not None
@@ -371,7 +371,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             def record() -> None:
                 # a retry may start the slot again; skip and raise end it
                 if policy == "retry":
-                    store.abandon_run(run)
+                    store.abandon_run(run, ran=False)
                     if writeback is not None:
                         writeback.journal.forget(run)
                 elif store.finish_run(run, outcome) and writeback is not None:

@@ -74,9 +74,7 @@ class SingletonStore(StoreConnection):
         running but expired (the worker that ran it died or lost the database
         for longer than the ttl: the row is retaken with the new ``run_id``,
         ``attempts`` + 1), or running and let go for a retry by
-        :meth:`abandon_run` (retaken too, ``attempts`` unchanged: a retry is
-        no new attempt, and the cap of the stalled runs' re-sends,
-        :meth:`.SlotStore.take_over`, counts only starts after a death).
+        :meth:`abandon_run` (retaken the same way).
         Otherwise nothing is started: FINISHED when the row is finished, RUNNING
         when it is running and live; both count one more repeat on the row
         (``repeats``, ``last_repeat_us``), so duplicate deliveries are recorded.
@@ -95,11 +93,16 @@ class SingletonStore(StoreConnection):
         owned it. A finished run is never started again (see :meth:`begin_run`)."""
 
     @abstractmethod
-    def abandon_run(self, run: Run) -> bool:
+    def abandon_run(self, run: Run, *, ran: bool = True) -> bool:
         """Let the slot be started again at once (the task will be retried).
 
         Only a running row with ``run.run_id`` changes: its expiry is set in the
-        past, so the next :meth:`begin_run` of the slot gets STARTED."""
+        past (0), so the next :meth:`begin_run` of the slot gets STARTED.
+        ``ran=False`` says the body never ran under this start (the key was
+        busy, the database was lost before it): ``attempts`` takes back the
+        start's count, so it counts the body's starts, which the cap of the
+        stalled runs' re-sends (:meth:`.SlotStore.take_over`) counts. Called
+        again after a lost answer it changes nothing more."""
 
     def begin_slot(
         self, run: Run, key: str, owner: str, task_id: str, ttl_us: int

@@ -602,10 +602,28 @@ def test_abandon_run_lets_the_next_delivery_start_at_once(backend: Backend) -> N
         RunStatus.STARTED, "w2", None
     )
     row = run_rows(backend)[("e", 10)]
-    # a retry is no new attempt: the stalled runs' re-send cap counts deaths only
-    assert (row["run_id"], row["attempts"]) == ("run-2", 1)
+    assert (row["run_id"], row["attempts"]) == ("run-2", 2)
     assert store.finish_run(first, "success") is False
     assert store.finish_run(second, "retry") is True
+
+
+def test_a_start_whose_body_did_not_run_takes_back_its_attempt(
+    backend: Backend,  # noqa: F811
+) -> None:
+    """abandon_run(ran=False) (the key busy, the database lost): the retake
+    counts the attempt again, so ``attempts`` counts the body's starts, and a
+    second call (a retry after a lost answer) takes nothing more back."""
+    store = backend.ready()
+    first, second, third = Run("e", 10, "run-1"), Run("e", 10, "run-2"), Run("e", 10, "run-3")
+    assert store.begin_run(first, "w1", "task", LONG_LEASE).status is RunStatus.STARTED
+    assert store.abandon_run(first, ran=False) is True
+    assert store.abandon_run(first, ran=False) is True  # an answer lost, the call again
+    assert run_rows(backend)[("e", 10)]["attempts"] == 0
+    assert store.begin_run(second, "w2", "task", LONG_LEASE).status is RunStatus.STARTED
+    assert run_rows(backend)[("e", 10)]["attempts"] == 1
+    assert store.abandon_run(second) is True  # its body ran and called self.retry()
+    assert store.begin_run(third, "w1", "task", LONG_LEASE).status is RunStatus.STARTED
+    assert run_rows(backend)[("e", 10)]["attempts"] == 2
 
 
 def test_concurrent_deliveries_of_one_slot_start_it_once(backend: Backend) -> None:  # noqa: F811
@@ -660,8 +678,7 @@ def test_end_slot_finishes_or_abandons_the_run_and_releases_the_key(
     assert store.end_slot(Run("e", 20, "run-2"), None, lease2) == (True, True)
     again, lease3 = store.begin_slot(Run("e", 20, "run-3"), "k", "w2", "t", LONG_LEASE)
     assert again.status is RunStatus.STARTED and isinstance(lease3, Lease)
-    # retaken, but a retry is no new attempt (only a start after a death is)
-    assert run_rows(backend)[("e", 20)]["attempts"] == 1
+    assert run_rows(backend)[("e", 20)]["attempts"] == 2
 
 
 # -- cost ---------------------------------------------------------------------------

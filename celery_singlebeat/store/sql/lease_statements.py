@@ -85,9 +85,7 @@ _PG_RUN_UPSERT = f"""
                                   ELSE r.expires_us END,
                 started_us = CASE WHEN {_PG_TAKE} THEN EXCLUDED.started_us
                                   ELSE r.started_us END,
-                -- a row let go for a retry (expiry 0) is no new attempt
-                attempts = CASE WHEN {_PG_TAKE} AND r.expires_us > 0 THEN r.attempts + 1
-                                ELSE r.attempts END,
+                attempts = CASE WHEN {_PG_TAKE} THEN r.attempts + 1 ELSE r.attempts END,
                 repeats = CASE WHEN {_PG_TAKE} THEN r.repeats ELSE r.repeats + 1 END,
                 last_repeat_us = CASE WHEN {_PG_TAKE} THEN r.last_repeat_us
                                       ELSE EXCLUDED.started_us END
@@ -134,8 +132,12 @@ POSTGRESQL = LeaseDialect(
     finish_run="""
         UPDATE {r} SET state = 1, finished_us = {now}, outcome = :outcome
         WHERE entry = :entry AND slot_us = :slot_us AND run_id = :run_id AND state = 0""",
+    # attempts first (MySQL assigns left to right): a start whose body did not
+    # run (the key busy, the database lost) takes back its count, once
     abandon_run="""
-        UPDATE {r} SET expires_us = 0
+        UPDATE {r} SET attempts = CASE WHEN expires_us > 0 THEN attempts - :unrun
+                                       ELSE attempts END,
+                       expires_us = 0
         WHERE entry = :entry AND slot_us = :slot_us AND run_id = :run_id AND state = 0""",
     prune_runs="""
         DELETE FROM {r}
@@ -228,7 +230,7 @@ MYSQL = LeaseDialect(
             run_id = IF(state = 0 AND expires_us < VALUES(started_us), VALUES(run_id), run_id),
             owner = IF(run_id = VALUES(run_id), VALUES(owner), owner),
             task_id = IF(run_id = VALUES(run_id), VALUES(task_id), task_id),
-            attempts = IF(run_id = VALUES(run_id) AND expires_us > 0, attempts + 1, attempts),
+            attempts = IF(run_id = VALUES(run_id), attempts + 1, attempts),
             started_us = IF(run_id = VALUES(run_id), VALUES(started_us), started_us),
             expires_us = IF(run_id = VALUES(run_id), VALUES(expires_us), expires_us)""",
     run_row="""
@@ -281,8 +283,7 @@ SQLITE = LeaseDialect(
             task_id = CASE WHEN {_LITE_TAKE} THEN excluded.task_id ELSE task_id END,
             expires_us = CASE WHEN {_LITE_TAKE} THEN excluded.expires_us ELSE expires_us END,
             started_us = CASE WHEN {_LITE_TAKE} THEN excluded.started_us ELSE started_us END,
-            attempts = CASE WHEN {_LITE_TAKE} AND expires_us > 0 THEN attempts + 1
-                            ELSE attempts END,
+            attempts = CASE WHEN {_LITE_TAKE} THEN attempts + 1 ELSE attempts END,
             repeats = CASE WHEN {_LITE_TAKE} THEN repeats ELSE repeats + 1 END,
             last_repeat_us = CASE WHEN {_LITE_TAKE} THEN last_repeat_us
                                   ELSE excluded.started_us END

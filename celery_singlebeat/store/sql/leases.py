@@ -169,8 +169,8 @@ class SqlLeases:
     def finish_run(self, run: Run, outcome: str) -> bool:
         return self._run_update("finish run", self.sql.finish_run, run, outcome=outcome)
 
-    def abandon_run(self, run: Run) -> bool:
-        return self._run_update("abandon run", self.sql.abandon_run, run)
+    def abandon_run(self, run: Run, *, ran: bool = True) -> bool:
+        return self._run_update("abandon run", self.sql.abandon_run, run, unrun=int(not ran))
 
     def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
         if not records:

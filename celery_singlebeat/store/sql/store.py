@@ -398,8 +398,8 @@ class SqlStore(Store):
     def finish_run(self, run: Run, outcome: str) -> bool:
         return self.leases.finish_run(run, outcome)
 
-    def abandon_run(self, run: Run) -> bool:
-        return self.leases.abandon_run(run)
+    def abandon_run(self, run: Run, *, ran: bool = True) -> bool:
+        return self.leases.abandon_run(run, ran=ran)
 
     def reassert_runs(self, records: Sequence[RunRecord]) -> list[RunRecord]:
         return self.leases.reassert_runs(records)

@@ -530,7 +530,7 @@ def judge(
         if len(runs) > 1:
             report.executed_twice += 1
             report.problems.append(f"stored slot executed {len(runs)}x: {name}@{at} ({t(at)})")
-        for _, v in runs:
+        for started, v in runs:
             mine = [s for s in segments.get(name, []) if s.version.v == v]
             if not mine:
                 report.outdated += 1
@@ -564,9 +564,13 @@ def judge(
                 replaced = max(s.end_us for s in mine if s.end_us < at)
                 back = min((s.start_us for s in mine if s.start_us >= at), default=None)
                 between = [s for s in segments[name] if replaced <= s.start_us < (back or 2**62)]
-                if back is not None and all(s.version.lost for s in between):
+                if (
+                    back is not None
+                    and started * US >= back
+                    and all(s.version.lost for s in between)
+                ):
                     # Replaced only by writes a failover then lost, and put
-                    # back (at the cut) before it was sent: the database the
+                    # back (at the cut) before it ran: the database the
                     # replicas claim against has no trace of them, and the
                     # slot went out under the definition it has (a claim held
                     # across the failover; docs/guarantees.md, "Stored

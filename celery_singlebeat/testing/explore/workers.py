@@ -156,7 +156,7 @@ class Workers:
                 continue
             except StoreUnavailable:
                 with contextlib.suppress(StoreUnavailable):
-                    worker.link.abandon_run(run)
+                    worker.link.abandon_run(run, ran=False)
                 # SingletonTask's retry: after the ttl, when a run row may be left
                 self._later(message, self.ttl_us + US)
                 return
@@ -171,7 +171,7 @@ class Workers:
             # the key is held (a run of this entry's key still in progress):
             # the run row is let go and the message retried (singleton_busy)
             with contextlib.suppress(StoreUnavailable):
-                worker.link.abandon_run(run)
+                worker.link.abandon_run(run, ran=False)
             self._later(message, US)
             return
         started = world.now_us

@@ -72,10 +72,7 @@ class MemorySingletons:
                 self._state.runs[key] = MemoryRun(run.run_id, 0, owner, task_id, now + ttl_us, now)
                 return RunBegin(RunStatus.STARTED, owner, None)
             if row.state == 0 and row.expires_us < now:
-                # a row let go for a retry (expiry 0) is no new attempt: only a
-                # start after its worker died counts (the stalled re-sends' cap)
-                if row.expires_us > 0:
-                    row.attempts += 1
+                row.attempts += 1
                 row.run_id, row.owner, row.task_id = run.run_id, owner, task_id
                 row.expires_us, row.started_us = now + ttl_us, now
                 return RunBegin(RunStatus.STARTED, owner, None)
@@ -135,11 +132,13 @@ class MemorySingletons:
                 row.state, row.finished_us, row.outcome = 1, now, outcome
             return row is not None
 
-    def abandon_run(self, run: Run) -> bool:
+    def abandon_run(self, run: Run, *, ran: bool = True) -> bool:
         """See :meth:`.SingletonStore.abandon_run`."""
         with self._connection.round_trip("abandon run"):
             row = self._own_run(run)
             if row is not None:
+                if row.expires_us > 0 and not ran:
+                    row.attempts -= 1
                 row.expires_us = 0
             return row is not None
 

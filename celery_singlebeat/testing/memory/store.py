@@ -281,9 +281,9 @@ class MemoryStore(MemoryConnection, Store):
         """See :meth:`.SingletonStore.finish_run`."""
         return self.singletons.finish_run(run, outcome)
 
-    def abandon_run(self, run: Run) -> bool:
+    def abandon_run(self, run: Run, *, ran: bool = True) -> bool:
         """See :meth:`.SingletonStore.abandon_run`."""
-        return self.singletons.abandon_run(run)
+        return self.singletons.abandon_run(run, ran=ran)
 
     def prune_singletons(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SingletonStore.prune_singletons`."""
