@@ -201,6 +201,20 @@ class EntrySource(ABC):
     #: was a quarter of a replica's start-up with 100,000 stored entries
     definitions_checked: bool = False
 
+    def read_up_to(self, cursor: object) -> int | None:
+        """The revision of the store's schedules table up to which this
+        source's definitions are read, given its ``cursor`` (every write at or
+        below it applied); None, this default, for a source of other entries.
+
+        The engine passes it to each takeover (:meth:`~celery_singlebeat.store.
+        slot_store.SlotStore.take_over`'s ``seen``): a stored entry's slot is
+        not taken over by a replica that has not read a write made to the
+        entry more than ``STALE_DEFINITION_US`` before the slot (it would send
+        it under the definition that write replaced, however long it slept).
+        Called once a sweep: no statement.
+        """
+        return None
+
     def written(self, definition: EntryDefinition) -> Written | None:
         """The write of the store's schedules table that ``definition`` came
         from (:class:`~celery_singlebeat.store.values.Written`: its revision

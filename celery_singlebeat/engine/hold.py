@@ -67,6 +67,15 @@ class Hold:
     def holding(self, monotonic: float) -> bool:
         return monotonic < self.until
 
+    def released_unsent(self, keys: list[SlotKey], monotonic: float) -> None:
+        """Remember slots this replica claimed and released unsent (the
+        broker down, the lease out) for the recovery, as slots another replica
+        won are: a failover to a standby that lacked the claim loses the row
+        with it, and no replica then holds the slot to take it over. Proposed
+        again after the break, the claim wins it only where no row says
+        another replica has it (the explorer's seed 201)."""
+        self.won_elsewhere.add(keys, monotonic)
+
     def recovery(self, monotonic: float, limit: int) -> list[SlotKey]:
         """Up to ``limit`` of the slots to propose again, once the hold has
         ended (the rest wait for the next tick); none while it holds.

@@ -102,7 +102,7 @@ class Engine:
         self.claiming = Claiming(
             ctx, self.agenda, self.hold, self.controls, self.held, self.watch.written
         )
-        self.takeover = Takeover(ctx, self.held)
+        self.takeover = Takeover(ctx, self.held, self.watch.read_up_to)
         self.sending = Sending(
             ctx, self.agenda, self.held, self.hold, app, producer, self.watch.written_back
         )

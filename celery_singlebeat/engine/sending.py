@@ -24,6 +24,7 @@ from ..observe.decisions import batch_fields, claim_fields
 from ..observe.telemetry import NOTHING
 from ..sources import EntryDefinition
 from ..store.base import Claim, SlotKey
+from ..store.values import EARLY_TOLERANCE_US, STALE_DEFINITION_US
 from ..timeline.clock import US, slot_text, us_to_datetime
 from ..timeline.slots import SLOT_HEADER, slot_header, slot_task_id
 from ..timeline.timing import PUBLISH_SHARE
@@ -95,6 +96,7 @@ class Sending:
         # time, measured from *before* the claim was sent, is a safe upper bound.
         deadline = claimed_at + ctx.settings.lease.total_seconds() * PUBLISH_SHARE
         unknown: list[Claim] = []
+        foreign: list[Claim] = []
         published: list[Claim] = []
         failed: list[Claim] = []
         expired: list[Claim] = []
@@ -113,6 +115,9 @@ class Sending:
                     # held back for a replica that has it, also after a broker error
                     # or past the deadline, or it would bounce between sweeps.
                     unknown.append(claim)
+                    continue
+                if not self._of_definition(claim, definition):
+                    foreign.append(claim)
                     continue
                 if self._broker_down:
                     failed.append(claim)
@@ -160,18 +165,16 @@ class Sending:
                 untried,
                 extra=batch_fields(decisions.UNTRIED, ctx.replica_id, untried, first_untried),
             )
-        if failed or expired or unknown:
-            self.held.released(failed + expired + unknown, monotonic())
+        if failed or expired or unknown or foreign:
+            self.held.released(failed + expired + unknown + foreign, monotonic())
         if failed or expired:
-            # Remembered for the failover window, as slots another replica
-            # won are (Hold.recovery): a failover to a standby that lacks the
-            # claim loses the row with it, and no replica then holds the slot
-            # to take it over; proposed again after the break, the claim
-            # wins it only where no row says another replica has it.
-            self.hold.won_elsewhere.add([c.key for c in failed + expired], monotonic())
+            # remembered for the recovery after a break (Hold.released_unsent)
+            self.hold.released_unsent([c.key for c in failed + expired], monotonic())
             ctx.connected_store.release(ctx.replica_id, failed + expired)
         if unknown:
             self._leave_unknown(unknown)
+        if foreign:
+            self._leave_foreign(foreign)
         if not published:
             return
         ctx.stats["sent"] += len(published)
@@ -207,6 +210,50 @@ class Sending:
                             decisions.TAKEN_BEFORE_CONFIRM, ctx.replica_id, claim, task_id, text
                         ),
                     )
+
+    def _of_definition(self, claim: Claim, definition: EntryDefinition) -> bool:
+        """False for a slot claimed under the definition ``definition``
+        replaced and taken over by this replica, which has the new one: due
+        after the commit, within the second in which a claim may still go
+        under the replaced definition (SlotStore.claim refuses it from then
+        on, so no such slot lies later), and no instant of the new one. Sent
+        under the new definition it would be no slot of either (the
+        explorer's seed 15). A slot at or before the commit is of an earlier
+        version, in force at its instant, and goes out under the sender's
+        definition (docs/guarantees.md, "Stored schedules"). A first claim
+        (fence 1: proposed from this definition, or an operator's run-now
+        request, whose instant is on no grid) is not judged."""
+        since = definition.since_us
+        if (
+            since is None
+            or claim.fence <= 1
+            or not since < claim.slot_us <= since + STALE_DEFINITION_US + EARLY_TOLERANCE_US
+        ):
+            return True
+        entry = self.agenda.tracked.get(claim.entry)
+        return entry is None or entry.sequence.next_after(claim.slot_us - 1) == claim.slot_us
+
+    def _leave_foreign(self, claims: list[Claim]) -> None:
+        """Hold back slots no replica should send under the definition in
+        force, as slots of an unknown entry are: released for the retention
+        (a replica that still has the replaced definition may send them only
+        within a second of the commit, and the claim's check is what holds
+        that), visible in the slots table until an operator clears them."""
+        ctx = self.ctx
+        retry_in_us = ctx.settings.retention_us
+        ctx.connected_store.release(ctx.replica_id, claims, retry_in_us)
+        first = claims[0]
+        logger.warning(
+            "singlebeat: replica %s holds %d slot(s) that are no instant of the definition "
+            "it has (first %s@%s), due after that definition's commit: claimed under the one "
+            "it replaced; not sent, left claimed (retry in %gs)",
+            ctx.replica_id,
+            len(claims),
+            first.entry,
+            slot_text(first.slot_us),
+            retry_in_us / US,
+            extra=batch_fields(decisions.NOT_OF_DEFINITION, ctx.replica_id, len(claims), first),
+        )
 
     def _leave_unknown(self, claims: list[Claim]) -> None:
         """Hand back slots of entries this replica cannot publish, for a while.

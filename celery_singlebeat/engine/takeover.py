@@ -10,6 +10,7 @@ statement takes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..observe import decisions
 from ..observe.decisions import claim_fields, slot_fields
@@ -25,9 +26,16 @@ logger = logging.getLogger("celery_singlebeat.scheduler")
 class Takeover:
     """Take over abandoned claims; tell a takeover from a claim won back."""
 
-    def __init__(self, ctx: ReplicaContext, held: HeldSlots) -> None:
+    def __init__(
+        self, ctx: ReplicaContext, held: HeldSlots, read_up_to: Callable[[], int | None]
+    ) -> None:
         self.ctx = ctx
         self.held = held
+        #: the stored schedules' revision this replica has read up to
+        #: (SourceWatch.read_up_to): the store refuses it a stored entry's
+        #: slot whose entry has a write it has not read, made more than a
+        #: second before the slot (SlotStore.take_over's ``seen``)
+        self._read_up_to = read_up_to
 
     def take_over(self) -> tuple[list[Claim], float, set[SlotKey]]:
         """The claims taken, when the statement was sent (monotonic), and the
@@ -37,8 +45,12 @@ class Takeover:
         started = ctx.env.monotonic()
         if self.held:
             self.held.forget_before(started - 2 * settings.retention.total_seconds())
-        claims = ctx.connected_store.take_over(
-            ctx.replica_id, settings.lease_us, settings.takeover_batch
+        seen = self._read_up_to()
+        store = ctx.connected_store
+        claims = (
+            store.take_over(ctx.replica_id, settings.lease_us, settings.takeover_batch)
+            if seen is None  # a replica without stored schedules (and a store of before)
+            else store.take_over(ctx.replica_id, settings.lease_us, settings.takeover_batch, seen)
         )
         taken: set[SlotKey] = set()
         if not claims:

@@ -129,6 +129,17 @@ class SourceWatch:
         source = self._by_label.get(definition.source)
         return None if source is None else source.written(definition)
 
+    def read_up_to(self) -> int | None:
+        """The stored schedules' revision this replica's definitions are read
+        up to (EntrySource.read_up_to; the lowest where several sources say),
+        for the takeover's check; None when no source follows them."""
+        seen = [
+            r
+            for r in (s.read_up_to(c) for s, c in zip(self.sources, self._cursors))
+            if r is not None
+        ]
+        return min(seen) if seen else None
+
     def reconnected(self) -> None:
         """The connection was made again (perhaps to another database): each
         source says where its next poll goes on from. What it brings may

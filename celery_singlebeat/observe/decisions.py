@@ -54,6 +54,9 @@ UNCERTAIN: Final = "uncertain"
 TAKEN_BEFORE_CONFIRM: Final = "taken_before_confirm"
 #: slots of an entry this replica's beat_schedule lacks, held back for a replica that has it
 UNKNOWN_ENTRY: Final = "unknown_entry"
+#: slots taken over that are no instant of the definition this replica has,
+#: due after its commit (the claimer had the one it replaced): held back (batch)
+NOT_OF_DEFINITION: Final = "not_of_definition"
 #: missed slots the missed-run policy dropped (batch: ``count``, first and last slot)
 SKIPPED: Final = "skipped"
 #: after a broken connection, the database lacked slots this replica had sent

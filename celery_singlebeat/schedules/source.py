@@ -117,6 +117,17 @@ class StoredSource(EntrySource):
         than a second before them (SlotStore.claim)."""
         return Written(int(definition.revision), definition.since_us or 0)
 
+    def read_up_to(self, cursor: object) -> int | None:
+        """The revision the cursor names: revisions are commit-ordered, so the
+        definitions reflect every write up to it. After a reconnection, until
+        the full read, the cursor from before it (the replica's definitions
+        are still those; a promoted standby numbers from below it, so the
+        takeover's check refuses nothing until the read, and the replicas'
+        hold after a break covers that window)."""
+        if isinstance(cursor, _Reread):
+            cursor = cursor.before
+        return cursor if isinstance(cursor, int) else None
+
     def reconnected(self, cursor: object) -> object:
         """Read everything again: after a failover the revisions go on from
         what the promoted standby had, below a cursor that counted writes it

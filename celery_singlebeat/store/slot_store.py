@@ -122,7 +122,9 @@ class SlotStore(StoreConnection):
         owned (owner and fence) are untouched."""
 
     @abstractmethod
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
         """Claim up to ``limit`` abandoned or stalled rows (oldest slots first) for ``owner``.
 
         "Oldest" orders by ``slot_us`` across all entries (ties by entry name),
@@ -154,6 +156,18 @@ class SlotStore(StoreConnection):
         (:meth:`.FleetStore.publish_catalog`) does not list and that is not an
         enabled stored entry (:class:`.ScheduleStore`; those are in no
         catalog): only a replica that can send it takes it.
+
+        ``seen``: the revision of the schedules table up to which ``owner``
+        has read the stored entries (:meth:`.EntrySource.read_up_to`; None: it
+        follows none, and this check is off). A row of a stored entry is left
+        alone while the entry's row has a write above ``seen`` made more than
+        ``STALE_DEFINITION_US`` before the later of now and the slot's
+        instant (the first such write, from the history; the row's own
+        instant once the prune has emptied it): the caller sends a slot under
+        the definition it holds, and one that slept through that write would
+        send it under the one it replaced (the chaos run's seed 12). A replica
+        that has read it takes the row. Decided in the statement, as the
+        claim's check on ``revisions`` is.
         """
 
     @abstractmethod

@@ -852,3 +852,54 @@ def test_the_claim_counts_a_replacement_from_the_first_write_after_the_claimers(
     assert store.claim(
         "b", [SlotKey("s", now)], LONG_LEASE, {"s": Written(second.revision, second.updated_us)}
     )
+
+
+def test_a_takeover_refuses_a_stored_slot_to_a_replica_that_has_not_read_a_write_a_second_old(
+    backend: Backend,
+) -> None:
+    """SlotStore.take_over's ``seen``: an abandoned claim of a stored entry is
+    not taken by a replica whose stored schedules are read up to a revision
+    below a write made more than STALE_DEFINITION_US before the slot (it
+    would send the slot under the definition that write replaced: the chaos
+    run's seed 12, a replica that slept 18 s through an edit); within that
+    second it is, and so is it by a replica that read the write, or by one
+    that follows no stored schedules (``seen`` None)."""
+    from celery_singlebeat.store.values import STALE_DEFINITION_US
+
+    store = backend.ready()
+    store.register(["s"])
+    (first,) = store.write_schedules([create("s")], by="t")
+    now = store.ping()
+    (claim,) = store.claim(
+        "a", [SlotKey("s", now)], 1, {"s": Written(first.revision, first.updated_us)}
+    )
+    (second,) = store.write_schedules(
+        [ScheduleWrite("update", "s", {"task": "tasks.other"})], by="t"
+    )
+    wait_db_past(store, now + 2)  # the claim's 1 µs lease has run out
+    if store.ping() < second.updated_us + STALE_DEFINITION_US:
+        # the slot is older than the write: a slot of the first definition
+        (taken,) = store.take_over("b", 1, 10, seen=first.revision)
+        assert taken.fence == claim.fence + 1
+        wait_db_past(store, store.ping() + 2)
+    later = store.ping() + 1
+    (again,) = store.claim(
+        "a", [SlotKey("s", later)], 1, {"s": Written(second.revision, second.updated_us)}
+    )
+    wait_db_past(store, second.updated_us + STALE_DEFINITION_US + 1000)
+    # the slot at `later` is due after the write; the write is over a second
+    # older than now: refused to a replica that read only the first revision
+    stuck = [
+        c for c in store.take_over("b", LONG_LEASE, 10, seen=first.revision) if c.slot_us == later
+    ]
+    assert stuck == []
+    # read up to the write: taken; the row is then that replica's
+    (taken,) = [
+        c for c in store.take_over("c", LONG_LEASE, 10, seen=second.revision) if c.slot_us == later
+    ]
+    assert taken.fence == again.fence + 1
+    # a replica that follows no stored schedules is not judged so (its
+    # sending holds a stored entry's slot back, as any entry it lacks)
+    store.release("c", [taken])
+    (other,) = [c for c in store.take_over("d", LONG_LEASE, 10) if c.slot_us == later]
+    assert other.fence == taken.fence + 1

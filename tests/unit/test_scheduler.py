@@ -455,8 +455,10 @@ class FailingConfirm(MemoryStore):
         self.calls.append(("claim", [c.key for c in won]))
         return won
 
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        taken = super().take_over(owner, lease_us, limit)
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
+        taken = super().take_over(owner, lease_us, limit, seen)
         self.calls.append(("take_over", [c.key for c in taken]))
         return taken
 

@@ -112,6 +112,22 @@ def _stale(entry: str, revision: str, written: str, latest: str) -> str:
                                    AND l.at_us + :stale_us < {latest}))))"""
 
 
+def _unseen(entry: str, latest: str) -> str:
+    """True when ``entry`` is a stored entry with a write the taker has not
+    read (a revision above ``:seen``, the revision it has read the stored
+    schedules up to; ``:seen`` < 0 when it follows none: nothing is refused)
+    made more than ``:stale_us`` before ``latest`` (SQL: the later of now and
+    the slot's instant). The first unread write counts, from the history;
+    the row's own instant too, for a history the prune has emptied.
+    :meth:`.SlotStore.take_over` says why."""
+    return f"""(:seen >= 0 AND EXISTS (SELECT 1 FROM {{d}} d WHERE d.name = {entry}
+                   AND d.revision > :seen
+                   AND (d.updated_us + :stale_us < {latest}
+                        OR EXISTS (SELECT 1 FROM {{l}} l WHERE l.name = d.name
+                                   AND l.revision > :seen
+                                   AND l.at_us + :stale_us < {latest}))))"""
+
+
 def _stalled(now: str) -> str:
     """The conditions (over run row ``r`` and slot row ``s``) of a sent slot
     whose SingletonTask run stalled: the run still running, its expiry lapsed
@@ -187,6 +203,7 @@ POSTGRESQL = SlotDialect(
               AND (s.fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
                                           WHERE k.catalog = :catalog AND k.entry = s.entry)
                    OR {_stored("s.entry")})
+              AND NOT {_unseen("s.entry", "GREATEST((SELECT us FROM n), s.slot_us)")}
             ORDER BY s.slot_us, s.entry
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
@@ -194,6 +211,7 @@ POSTGRESQL = SlotDialect(
         stalled AS (
             SELECT s.entry, s.slot_us FROM {{u}} r, {{s}} s
             WHERE {_stalled("(SELECT us FROM n)")}
+              AND NOT {_unseen("s.entry", "GREATEST((SELECT us FROM n), s.slot_us)")}
             ORDER BY s.slot_us, s.entry
             LIMIT :limit
             FOR UPDATE OF s SKIP LOCKED
@@ -322,6 +340,7 @@ MYSQL = SlotDialect(
           AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
                                     WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
                OR {_stored("{s}.entry")})
+          AND NOT {_unseen("{s}.entry", f"GREATEST({MY_NOW}, {{s}}.slot_us)")}
         ORDER BY slot_us, entry
         LIMIT :limit""",
     # A multi-table UPDATE takes no LIMIT: the derived table picks the oldest
@@ -332,6 +351,7 @@ MYSQL = SlotDialect(
         UPDATE {{s}} t JOIN (
             SELECT s.entry, s.slot_us FROM {{u}} r JOIN {{s}} s
             ON {_stalled(MY_NOW)}
+            WHERE NOT {_unseen("s.entry", f"GREATEST({MY_NOW}, s.slot_us)")}
             ORDER BY s.slot_us, s.entry
             LIMIT :limit
         ) v ON t.entry = v.entry AND t.slot_us = v.slot_us
@@ -434,9 +454,11 @@ SQLITE = SlotDialect(
                   AND (fence > 0 OR EXISTS (SELECT 1 FROM {{k}} k
                                             WHERE k.catalog = :catalog AND k.entry = {{s}}.entry)
                        OR {_stored("{s}.entry")})
+                  AND NOT {_unseen("{s}.entry", f"max({LITE_NOW}, {{s}}.slot_us)")}
                 UNION ALL
                 SELECT s.rowid, s.slot_us, s.entry FROM {{u}} r, {{s}} s
                 WHERE {_stalled(LITE_NOW)}
+                  AND NOT {_unseen("s.entry", f"max({LITE_NOW}, s.slot_us)")}
             ) ORDER BY slot_us, entry LIMIT :limit)
         RETURNING {LITE_NOW}, entry, slot_us, fence""",
     take_over_stalled="",

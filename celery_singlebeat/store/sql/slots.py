@@ -178,7 +178,9 @@ class SqlSlots:
             "release", lambda conn: conn.execute(self.executor.text(self.sql.release), params)
         )
 
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
         stalled = self.host.stalled_runs
         # run-now rows only for the entries of the catalog this replica published
         params = {
@@ -188,6 +190,8 @@ class SqlSlots:
             "catalog": self.catalogs.get(owner),
             "resends": stalled.resends,
             "window_us": stalled.window_us,
+            "seen": -1 if seen is None else seen,
+            "stale_us": STALE_DEFINITION_US,
         }
         if self.sql.take_over_stalled and stalled.resends > 0:
             return self._won(

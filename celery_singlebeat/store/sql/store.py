@@ -329,8 +329,10 @@ class SqlStore(Store):
     def release(self, owner: str, claims: Sequence[Claim], retry_in_us: int = 0) -> None:
         self.slots.release(owner, claims, retry_in_us)
 
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
-        return self.slots.take_over(owner, lease_us, limit)
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
+        return self.slots.take_over(owner, lease_us, limit, seen)
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         return self.slots.prune(retention_us, every_us)

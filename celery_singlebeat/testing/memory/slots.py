@@ -118,6 +118,22 @@ class MemorySlots:
             for r in self._state.schedule_log
         )
 
+    def _unseen(self, entry: str, seen: int | None, latest: int) -> bool:
+        """As the SQL take_over: a stored entry with a write above ``seen``
+        made more than a second before ``latest`` (the first such, from the
+        history; the row's own instant too)."""
+        if seen is None:
+            return False
+        row = self._state.schedules.get(entry)
+        if row is None or row.revision <= seen:
+            return False
+        if row.updated_us + STALE_DEFINITION_US < latest:
+            return True
+        return any(
+            r.name == entry and r.revision > seen and r.at_us + STALE_DEFINITION_US < latest
+            for r in self._state.schedule_log
+        )
+
     def confirm(self, owner: str, claims: Sequence[Claim]) -> list[Claim]:
         """See :meth:`.SlotStore.confirm`."""
         if not claims:
@@ -161,9 +177,12 @@ class MemorySlots:
                 if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
         """See :meth:`.SlotStore.take_over`: abandoned claims, and sent slots
-        whose run stalled (:meth:`_stalled`)."""
+        whose run stalled (:meth:`_stalled`), but for those of a stored entry
+        with a write ``seen`` does not cover (:meth:`_unseen`)."""
         with self._connection.round_trip("take over") as now:
             abandoned = [
                 key
@@ -178,7 +197,12 @@ class MemorySlots:
                 )
             ]
             chosen = sorted(
-                abandoned + self._stalled(now, lease_us), key=lambda k: (k.slot_us, k.entry)
+                (
+                    k
+                    for k in abandoned + self._stalled(now, lease_us)
+                    if not self._unseen(k.entry, seen, max(now, k.slot_us))
+                ),
+                key=lambda k: (k.slot_us, k.entry),
             )
             taken: list[Claim] = []
             for key in chosen[: max(limit, 0)]:

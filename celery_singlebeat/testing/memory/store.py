@@ -206,9 +206,11 @@ class MemoryStore(MemoryConnection, Store):
         """See :meth:`.SlotStore.release`."""
         self.slots.release(owner, claims, retry_in_us)
 
-    def take_over(self, owner: str, lease_us: int, limit: int) -> list[Claim]:
+    def take_over(
+        self, owner: str, lease_us: int, limit: int, seen: int | None = None
+    ) -> list[Claim]:
         """See :meth:`.SlotStore.take_over`."""
-        return self.slots.take_over(owner, lease_us, limit)
+        return self.slots.take_over(owner, lease_us, limit, seen)
 
     def prune(self, retention_us: int, every_us: int) -> int | None:
         """See :meth:`.SlotStore.prune`; the slot instant tells a row's age."""
