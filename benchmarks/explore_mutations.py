@@ -22,7 +22,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             seed, violation, explored = first_violation(args.seeds)
         took = time.monotonic() - started
         missed += seed is None
-        rows.append((name, "MISSED" if seed is None else str(seed), explored, took, violation))
+        rows.append(
+            (f"{name}: {what}", "MISSED" if seed is None else str(seed), explored, took, violation)
+        )
         print(f"{name}: {rows[-1][1]} after {explored} seeds, {took:.0f}s  {violation[:90]}")
         sys.stdout.flush()
     if not only:
