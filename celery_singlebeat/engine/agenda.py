@@ -90,6 +90,9 @@ class Agenda:
         self.tracked: dict[str, Tracked] = {}
         #: entry name -> its definition, tracked or finished
         self.definitions: dict[str, EntryDefinition] = {}
+        #: the slot sequences of the finished ones (a one-off whose instant
+        #: passed): a slot of theirs may still be proposed again after a break
+        self._ended: dict[str, SlotSequence] = {}
         #: entries this replica proposes first, and those it proposes after
         #: FALLBACK_DELAY_US (another live replica's), each by next slot
         self.first: list[Tracked] = []
@@ -170,9 +173,15 @@ class Agenda:
             start = max(start, not_before_us)
         self._place(definition, sequence, sequence.next_after(start))
 
+    def sequence_of(self, name: str) -> SlotSequence | None:
+        """The slot sequence of ``name``'s definition, tracked or finished."""
+        tracked = self.tracked.get(name)
+        return tracked.sequence if tracked is not None else self._ended.get(name)
+
     def remove(self, name: str) -> None:
         """Stop tracking ``name``: its place in a heap is skipped from now on."""
         self.definitions.pop(name, None)
+        self._ended.pop(name, None)
         old = self.tracked.pop(name, None)
         if old is not None and old.first:
             self.first_count -= 1
@@ -184,7 +193,9 @@ class Agenda:
         old = self.tracked.pop(name, None)
         if old is not None and old.first:
             self.first_count -= 1
+        self._ended.pop(name, None)
         if next_us is None:
+            self._ended[name] = sequence
             return
         policy = definition.policy or self.default_policy
         tracked = Tracked(next_us, definition, sequence, policy)
@@ -199,6 +210,7 @@ class Agenda:
     def clear(self) -> None:
         self.tracked.clear()
         self.definitions.clear()
+        self._ended.clear()
         self.first = []
         self.later = []
         self.first_count = 0
@@ -238,6 +250,7 @@ class Agenda:
         """An entry with no slot left (a one-off whose instant passed)."""
         if self.current(tracked):
             del self.tracked[tracked.name]
+            self._ended[tracked.name] = tracked.sequence
 
     # -- sharing -----------------------------------------------------------------
 
@@ -248,7 +261,7 @@ class Agenda:
         me = self.replica_id
         mine = self._shares.pop(live, None)
         if mine is None:
-            mine = bytearray(owner == me for owner in bucket_owners(live))
+            mine = bytearray(map(me.__eq__, bucket_owners(live)))
             while len(self._shares) >= _SHARES_KEPT:
                 del self._shares[next(iter(self._shares))]  # the least recently used
         self._shares[live] = mine

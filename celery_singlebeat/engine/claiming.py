@@ -233,19 +233,21 @@ class Claiming:
         definition before this check (seeds 2 and 7). Added to ``keys``."""
         if not self.hold.recover:
             return []
-        definitions = self.agenda.definitions
-        tracked = self.agenda.tracked
+        agenda = self.agenda
+        definitions = agenda.definitions
         proposed = set(keys)
         recovering = []
         for key in self.hold.recovery(self.ctx.env.monotonic(), FALLBACK_BATCH):
             definition = definitions.get(key.entry)
-            entry = tracked.get(key.entry)
-            if definition is None or entry is None or key in proposed:
+            # a finished entry too (a one-off whose one slot this replica had
+            # planned past): the explorer's seed 368 lost a single run so
+            sequence = agenda.sequence_of(key.entry)
+            if definition is None or sequence is None or key in proposed:
                 continue
             since = definition.since_us
             if since is not None and key.slot_us <= since:
                 continue
-            if entry.sequence.next_after(key.slot_us - 1) == key.slot_us:
+            if sequence.next_after(key.slot_us - 1) == key.slot_us:
                 recovering.append(key)
         keys.extend(recovering)
         return recovering

@@ -140,4 +140,5 @@ def bucket_owners(live: Sequence[str]) -> list[str]:
     tag_bytes = (len(live).bit_length() + 7) // 8
     columns = [weights(replica, index, tag_bytes) for index, replica in enumerate(live)]
     low = (1 << (8 * tag_bytes)) - 1
-    return [live[tagged & low] for tagged in map(max, *columns)]
+    # all in C: the tag of each bucket's greatest weight, then its replica
+    return list(map(live.__getitem__, map(low.__and__, map(max, *columns))))

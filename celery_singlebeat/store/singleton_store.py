@@ -135,9 +135,15 @@ class SingletonStore(StoreConnection):
 
         For each record: a missing row is inserted as recorded (finished with
         its outcome, or running until its ``expires_us``); a row still running
-        with the record's ``run_id`` while the record is finished is finished
-        as recorded. Any other row is left alone: a later start retook the
-        slot, or the row says all the record says. Idempotent. A store that
+        under another run that started before the record's and had expired by
+        then (the row as it was before the record's start retook it: the
+        failover lost the retake) is written as recorded, ``attempts`` + 1;
+        a row still running with the record's ``run_id`` while the record is
+        finished is finished as recorded. Any other row is left alone: a later
+        start retook the slot, or the row says all the record says.
+        Idempotent. Without the retake's rule the worker that ran the slot
+        could not finish it, and the fleet sent the slot again as a stalled
+        run (the explorer's seed 79: executed twice). A store that
         cannot lose committed writes returns ``[]`` (the default).
         """
         return []

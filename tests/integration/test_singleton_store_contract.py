@@ -28,7 +28,16 @@ from test_store_contract import (  # noqa: F401
 )
 
 from celery_singlebeat.exceptions import SchemaError
-from celery_singlebeat.store.base import Busy, Lease, Run, RunBegin, RunStatus, SlotKey, Store
+from celery_singlebeat.store.base import (
+    Busy,
+    Lease,
+    Run,
+    RunBegin,
+    RunRecord,
+    RunStatus,
+    SlotKey,
+    Store,
+)
 from celery_singlebeat.store.sql.schema import SCHEMA_VERSION, Tables
 from celery_singlebeat.timeline.clock import US
 
@@ -821,3 +830,53 @@ def test_prepare_upgrades_a_schema_made_by_the_previous_release(
     assert isinstance(store.acquire_lease("k", "w1", LONG_LEASE), Lease)
     assert store.begin_run(Run("e", 10, "r"), "w1", "t", LONG_LEASE).status is RunStatus.STARTED
     assert store.prune_singletons(LONG_LEASE, LONG_LEASE) == 0  # its turn row was added
+
+
+def test_reassert_runs_writes_back_a_retake_the_failover_lost(backend: Backend) -> None:  # noqa: F811
+    """A worker retook the expired run row of a worker that died, then a
+    failover lost the retake: the database has the dead run's row again. The
+    record of the retake is written over it (the row is then the live run's,
+    which can finish it); a row a later start retook is left alone."""
+    store = backend.ready()
+    ttl = 60_000_000
+    dead = Run("s", 10, "run-dead")
+    assert store.begin_run(dead, "w1", "task", 1).status is RunStatus.STARTED
+    wait_db_past(store, store.ping() + 2)  # its 1 µs expiry has passed
+    retake = Run("s", 10, "run-retake")
+    assert store.begin_run(retake, "w2", "task", ttl).status is RunStatus.STARTED
+    before = run_rows(backend)[("s", 10)]
+    assert (before["run_id"], before["attempts"]) == ("run-retake", 2)
+    record = RunRecord(retake, "w2", "task", before["started_us"], before["expires_us"])
+    # the failover's loss: the row as it was before the retake
+    start = before["started_us"]
+    lost = {"run_id": "run-dead", "owner": "w1", "attempts": 1,
+            "started_us": start - 10, "expires_us": start - 5}  # fmt: skip
+    if backend.memory is not None:
+        row_object = backend.memory.state.runs[SlotKey("s", 10)]
+        for name, value in lost.items():
+            setattr(row_object, name, value)
+    else:
+        assert backend.url is not None
+        runs = Tables(backend.prefix).runs
+        engine = direct_engine(backend.url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    runs.update()
+                    .where((runs.c.entry == "s") & (runs.c.slot_us == 10))
+                    .values(**lost)
+                )
+        finally:
+            engine.dispose()
+    assert store.finish_run(retake, "success") is False  # not its row any more
+    assert store.reassert_runs([record]) == [record]
+    row = run_rows(backend)[("s", 10)]
+    assert (row["run_id"], row["owner"], row["state"], row["attempts"]) == (
+        "run-retake", "w2", 0, 2,
+    )  # fmt: skip
+    assert store.reassert_runs([record]) == []  # idempotent
+    assert store.finish_run(retake, "success") is True
+    # a start after the record's (a later retake) is not overwritten
+    late = RunRecord(Run("s", 10, "run-old"), "w3", "task", before["started_us"] - 20, 0)
+    assert store.reassert_runs([late]) == []
+    assert run_rows(backend)[("s", 10)]["run_id"] == "run-retake"

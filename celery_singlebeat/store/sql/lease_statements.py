@@ -46,6 +46,8 @@ class LeaseDialect:
     #: only when missing, then finished when it still runs under the same run_id
     reinsert_run: str
     refinish_run: str
+    #: the retake of an expired row written again (Store.reassert_runs)
+    retake_run: str = ""
     #: begin_run + acquire in one statement ("": the store makes two calls)
     begin_slot: str = ""
     #: finish_run/abandon_run + release in one statement ("": two calls)
@@ -162,6 +164,15 @@ POSTGRESQL = LeaseDialect(
     refinish_run="""
         UPDATE {r} SET state = 1, finished_us = :finished_us, outcome = :outcome
         WHERE entry = :entry AND slot_us = :slot_us AND run_id = :run_id AND state = 0""",
+    # the row as it was before the record's start retook it: another run,
+    # still running, expired before that start (what begin_run retakes)
+    retake_run="""
+        UPDATE {r} SET attempts = attempts + 1, run_id = :run_id, state = :state,
+                       owner = :owner, task_id = :task_id, expires_us = :expires_us,
+                       started_us = :started_us, finished_us = :finished_us,
+                       outcome = :outcome
+        WHERE entry = :entry AND slot_us = :slot_us AND state = 0 AND run_id <> :run_id
+          AND started_us < :started_us AND expires_us < :started_us""",
     # the lease is taken only when this call started the run (a repeat takes
     # nothing); cur, as in acquire, is the key's row as the snapshot saw it
     begin_slot=f"""
@@ -251,6 +262,7 @@ MYSQL = LeaseDialect(
         VALUES (:entry, :slot_us, :run_id, :state, :owner, :task_id, :expires_us,
                 :started_us, :finished_us, :outcome, 1, 0)""",
     refinish_run=POSTGRESQL.refinish_run,
+    retake_run=POSTGRESQL.retake_run,
 )
 
 _LITE_TAKE = "(state = 0 AND expires_us < excluded.started_us)"
@@ -297,6 +309,7 @@ SQLITE = LeaseDialect(
     prune_turn=POSTGRESQL.prune_turn,
     reinsert_run=POSTGRESQL.reinsert_run,
     refinish_run=POSTGRESQL.refinish_run,
+    retake_run=POSTGRESQL.retake_run,
 )
 
 _FAMILIES = {

@@ -195,6 +195,9 @@ class SqlLeases:
                     "outcome": record.outcome,
                 }
                 written = conn.execute(self.executor.text(sql.reinsert_run), params).rowcount == 1
+                if not written:
+                    retaken = conn.execute(self.executor.text(sql.retake_run), params)
+                    written = retaken.rowcount == 1
                 if not written and record.outcome is not None:
                     refinish = conn.execute(self.executor.text(sql.refinish_run), params)
                     written = refinish.rowcount == 1

@@ -47,9 +47,9 @@ class World(Protocol):
 
     def publish(self, queue: str, message: Any) -> None: ...
 
-    def claimed(self, owner: str, won: list[Claim], revisions: Any) -> None: ...
+    def claimed(self, owner: str, won: list[Claim], revisions: Any, at_us: int) -> None: ...
 
-    def taken(self, owner: str, taken: list[Claim]) -> None: ...
+    def taken(self, owner: str, taken: list[Claim], at_us: int) -> None: ...
 
 
 __all__ = ["BROKER_ERROR", "Link", "SkewedClock", "transport_for"]
@@ -84,12 +84,15 @@ class Link(MemoryStore):
         # as the SQL store of a replica (scheduler.py's _open_store): after a
         # break, the first statement on the new connection is not sent
         self.stop_at_reconnect = True
+        #: when the last statement ran (a stop after it returns later)
+        self.ran_at_us = 0
 
     @contextmanager
     def round_trip(self, what: str, *, schema: bool = True) -> Iterator[int]:
         world = self.world
         world.point(self, "before " + what)
         with super().round_trip(what, schema=schema) as now:
+            self.ran_at_us = world.now_us
             yield now
         if world.answer_lost(self, what):
             # applied, but the answer never came back: the connection broke
@@ -107,14 +110,14 @@ class Link(MemoryStore):
         revisions: Any = None,
     ) -> list[Claim]:
         won = super().claim(owner, slots, lease_us, revisions)
-        self.world.claimed(owner, won, revisions)
+        self.world.claimed(owner, won, revisions, self.ran_at_us)
         return won
 
     def take_over(
         self, owner: str, lease_us: int, limit: int, *args: Any, **kwargs: Any
     ) -> list[Claim]:
         taken = super().take_over(owner, lease_us, limit, *args, **kwargs)
-        self.world.taken(owner, taken)
+        self.world.taken(owner, taken, self.ran_at_us)
         return taken
 
     def written_of(self, entry: str) -> Written | None:

@@ -231,13 +231,15 @@ class World:
             return
         self.queue.append(message)
 
-    def claimed(self, owner: str, won: list[Claim], revisions: Any) -> None:
+    def claimed(self, owner: str, won: list[Claim], revisions: Any, at_us: int) -> None:
+        """Claims won by a statement that ran at ``at_us`` (a stop right after
+        it returns them later: the claim is the statement's)."""
         for c in won:
-            self.claims.append((self.now_us, c.entry, c.slot_us, c.fence, owner))
+            self.claims.append((at_us, c.entry, c.slot_us, c.fence, owner))
             self.claim_revisions[(c.entry, c.slot_us, c.fence)] = (
                 revisions.get(c.entry) if revisions else None
             )
 
-    def taken(self, owner: str, taken: list[Claim]) -> None:
+    def taken(self, owner: str, taken: list[Claim], at_us: int) -> None:
         for c in taken:
-            self.claims.append((self.now_us, c.entry, c.slot_us, c.fence, owner))
+            self.claims.append((at_us, c.entry, c.slot_us, c.fence, owner))

@@ -103,6 +103,18 @@ class MemorySingletons:
                         finished_us=record.finished_us,
                         outcome=record.outcome,
                     )
+                elif (
+                    row.state == 0
+                    and row.run_id != run.run_id
+                    and row.started_us < record.started_us
+                    and row.expires_us < record.started_us
+                ):
+                    # the row as it was before this record's start retook it
+                    row.attempts += 1
+                    row.run_id, row.state = run.run_id, 1 if finished else 0
+                    row.owner, row.task_id = record.owner, record.task_id
+                    row.expires_us, row.started_us = record.expires_us, record.started_us
+                    row.finished_us, row.outcome = record.finished_us, record.outcome
                 elif finished and row.state == 0 and row.run_id == run.run_id:
                     row.state, row.finished_us, row.outcome = 1, record.finished_us, record.outcome
                 else:
