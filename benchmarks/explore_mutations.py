@@ -86,6 +86,20 @@ MUTATIONS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[A
             lambda self, keys, monotonic: None,
         ),
     ),
+    "a lost retake written back (seed 79)": (
+        "a worker's write-back puts back its retake of a dead run's row a failover lost",
+        _patch(
+            "celery_singlebeat.testing.memory.singletons.MemorySingletons.reassert_runs",
+            lambda self, records: _reassert_without_retake(self, records),
+        ),
+    ),
+    "a finished one-off proposed again (seed 368)": (
+        "a one-off whose one slot was planned past is still proposed again after a break",
+        _patch(
+            "celery_singlebeat.engine.agenda.Agenda.sequence_of",
+            lambda self, name: t.sequence if (t := self.tracked.get(name)) else None,
+        ),
+    ),
     "a start let go unrun gives back its attempt": (
         "busy retries do not use up the stalled re-sends' cap",
         _patch(
@@ -103,6 +117,32 @@ def _abandon_counting(singletons: Any, run: Any) -> bool:
         if row is not None:
             row.expires_us = 0
         return row is not None
+
+
+def _reassert_without_retake(singletons: Any, records: Any) -> list[Any]:
+    """reassert_runs as before the fix: a row another run holds is left alone."""
+    from celery_singlebeat.store.base import SlotKey
+    from celery_singlebeat.testing.memory.state import MemoryRun
+
+    with singletons._connection.round_trip("write run rows again"):
+        again = []
+        for record in records:
+            run = record.run
+            key = SlotKey(run.entry, run.slot_us)
+            row = singletons._state.runs.get(key)
+            finished = record.outcome is not None
+            if row is None:
+                singletons._state.runs[key] = MemoryRun(
+                    run.run_id, 1 if finished else 0, record.owner, record.task_id,
+                    record.expires_us, record.started_us,
+                    finished_us=record.finished_us, outcome=record.outcome,
+                )  # fmt: skip
+            elif finished and row.state == 0 and row.run_id == run.run_id:
+                row.state, row.finished_us, row.outcome = 1, record.finished_us, record.outcome
+            else:
+                continue
+            again.append(record)
+        return again
 
 
 def first_violation(seeds: int) -> tuple[int | None, str, int]:

@@ -434,6 +434,18 @@ class _Run:
                 optional.add(slot)
             elif slot[1] <= upto:
                 required.add(slot)
+        # A worker died in the middle of a run whose row a failover then lost
+        # (the run started after the standby's lag): no trace of the run is
+        # left for the fleet's stalled-run re-send, and the message died with
+        # its worker (no acks_late). Not executed: allowed, and named
+        # (docs/guarantees.md, "A worker that dies mid-run").
+        untraced = {
+            slot
+            for slot, _, _, started in self.workers.died_in
+            if any(after < started <= cut for after, cut in self.lost_spans)
+        }
+        optional |= required & untraced
+        required -= untraced
         first_claims = [(c[0], c[1], c[3]) for c in world.claims]
         windows = db_windows(self.outages, first_claims)
         early = {(c[1], c[2]) for c in world.claims if c[3] == 1 and c[0] < c[2] - 250_000}
@@ -477,7 +489,9 @@ class _Run:
             # a worker that died mid-run holds its slot until the run's ttl, a
             # lease's grace and a sweep have passed (the stalled run's re-send)
             hold = int((TTL_S + 2 * LEASE_S) * US) + 2 * US
-            return any(when <= hi and when + hold >= lo for _, _, when in self.workers.died_in)
+            return any(
+                when <= hi and when + hold >= lo for _, _, when, _ in self.workers.died_in
+            )
 
         edits = judge(
             self.editor.attempts,
@@ -491,6 +505,7 @@ class _Run:
             broker_lost,
             held,
             int(LEASE_S * US) // 3 + 3 * US,
+            untraced.__contains__,
         )
         outcome.edits = edits
         outcome.violations += edits.problems

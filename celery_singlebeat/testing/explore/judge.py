@@ -322,6 +322,9 @@ class EditsReport:
     #: slots due while a write a failover lost was in force, sent after the
     #: failover under the version it put back: allowed
     late_surviving: int = 0
+    #: missing slots whose worker died mid-run and whose run row a failover
+    #: lost: allowed (no trace of the run is left to send it again by)
+    untraced: int = 0
     #: missing slots due less than a reconnect's hold before their version was
     #: replaced, whose claim a fault held back past the replacement
     dropped_with_version: int = 0
@@ -507,13 +510,15 @@ def judge(
     broker_lost: Callable[[list[tuple[str, int]]], set[tuple[str, int]]],
     held: Callable[[int, int], bool],
     hold_us: int,
+    untraced: Callable[[tuple[str, int]], bool] = lambda slot: False,
 ) -> EditsReport:
     """The verdict on the stored entries (module docstring). ``sent``: the
     slot's row says it was sent; ``broker_lost``: of those, the ones the
     broker lost after taking them (chaos.Chaos.lost_in_broker); ``held``: a
     fault was in force between two instants that can hold a claim back, for
     up to ``hold_us`` (a reconnect's hold of fallback proposals, and a
-    second)."""
+    second); ``untraced``: a slot whose worker died mid-run and whose run row
+    a failover then lost (nothing is left to send it again by: allowed)."""
     report = EditsReport()
     segments, kept = timelines(attempts, history, failovers, report)
     done = stored_executions(records)
@@ -619,6 +624,9 @@ def judge(
     lost = []
     for slot in missing:
         if slot in in_broker:
+            continue
+        if untraced(slot):
+            report.untraced += 1
             continue
         # A slot due shortly before its version was replaced, whose claim a
         # fault held back past the replacement: the replica that proposes it

@@ -99,7 +99,8 @@ class Workers:
         #: every run that reached its end, as the chaos run's records
         self.records: list[dict[str, Any]] = []
         #: runs a worker died in: (slot, task id, when)
-        self.died_in: list[tuple[tuple[str, int], str, int]] = []
+        #: (slot, task id, death, start of the run) of each death mid-run
+        self.died_in: list[tuple[tuple[str, int], str, int, int]] = []
         self.repeats = 0
 
     def arm_death(self) -> None:
@@ -207,8 +208,10 @@ class Workers:
     def _die(self, worker: _Worker, generation: int) -> None:
         if worker.generation != generation or worker.running is None:
             return
-        message, _, _, _ = worker.running
-        self.died_in.append(((message.entry, message.slot_us), message.task_id, self.world.now_us))
+        message, _, _, started = worker.running
+        self.died_in.append(
+            ((message.entry, message.slot_us), message.task_id, self.world.now_us, started)
+        )
         worker.running = None
         worker.alive = False
         # the process is gone, and its memory with it: its restart writes
