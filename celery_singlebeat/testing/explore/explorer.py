@@ -489,9 +489,7 @@ class _Run:
             # a worker that died mid-run holds its slot until the run's ttl, a
             # lease's grace and a sweep have passed (the stalled run's re-send)
             hold = int((TTL_S + 2 * LEASE_S) * US) + 2 * US
-            return any(
-                when <= hi and when + hold >= lo for _, _, when, _ in self.workers.died_in
-            )
+            return any(when <= hi and when + hold >= lo for _, _, when, _ in self.workers.died_in)
 
         edits = judge(
             self.editor.attempts,
