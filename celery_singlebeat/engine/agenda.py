@@ -150,6 +150,7 @@ class Agenda:
         state: EntryState,
         now_us: int,
         not_before_us: int | None = None,
+        read_before_us: int | None = None,
     ) -> None:
         """Follow ``definition`` from its commit (``since_us``): its next slot
         is its first after that, or after ``now_us`` for a definition without
@@ -162,13 +163,21 @@ class Agenda:
         one's soon after). The slots between the commit and now are the new
         definition's, judged by the missed-run policy. Never from further back
         than :data:`CHANGE_REACH_US`: a definition committed long ago (read
-        again after a failover) starts near now, with no burst of its past.
+        again after a failover) starts near now, with no burst of its past;
+        but from as far back as ``read_before_us``, the poll before the one
+        that read the change: a change committed just before an outage and
+        read after it was in force all through the outage, and its slots due
+        then are the missed-run policy's, as any entry's (the explorer's seed
+        404 dropped those due more than 2 s before the first read).
         """
         self.definitions[definition.name] = definition
         sequence = sequence_for(definition.schedule, state.anchor_us, self.tz_of(definition))
         start = now_us
         if definition.since_us is not None:
-            start = max(definition.since_us, now_us - CHANGE_REACH_US)
+            reach = now_us - CHANGE_REACH_US
+            if read_before_us is not None:
+                reach = min(reach, read_before_us)
+            start = max(definition.since_us, reach)
         if not_before_us is not None:
             start = max(start, not_before_us)
         self._place(definition, sequence, sequence.next_after(start))

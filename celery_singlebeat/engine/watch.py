@@ -80,6 +80,11 @@ class SourceWatch:
         #: changed definitions held back to the end of the tick
         #: (apply_deferred), each with the definition it replaces
         self._deferred: dict[str, tuple[EntryDefinition, EntryState, EntryDefinition]] = {}
+        #: the database's instant of the poll before the last one: a change
+        #: read now may have been committed any time since (an outage between
+        #: the two polls), and its slots count from its commit that far back
+        self._read_before_us: int | None = None
+        self._polled_us: int | None = None
         #: the names registered during the failover window (register_again)
         self.registered: Journal[str] = Journal(self.ctx.settings.failover_window.total_seconds())
 
@@ -156,6 +161,7 @@ class SourceWatch:
         """Apply what changed in every source since the last poll; the names
         of the catalogued entries that were added, changed or removed."""
         touched: set[str] = set()
+        self._read_before_us, self._polled_us = self._polled_us, now_us
         with _collector_paused():
             for index, source in enumerate(self.sources):
                 changes, cursor = source.changes(self._cursors[index])
@@ -235,7 +241,9 @@ class SourceWatch:
                 self._deferred[definition.name] = (definition, states[definition.name], old)
             else:
                 self._deferred.pop(definition.name, None)
-                agenda.change(definition, states[definition.name], now_us)
+                agenda.change(
+                    definition, states[definition.name], now_us, read_before_us=self._read_before_us
+                )
         if not (added or changed or removed):
             return set()
         logger.info(
@@ -269,7 +277,7 @@ class SourceWatch:
             # not if a later change or a removal came meanwhile (a tick that
             # failed before its end polled again)
             if self.agenda.definitions.get(definition.name) is old:
-                self.agenda.change(definition, state, now_us)
+                self.agenda.change(definition, state, now_us, read_before_us=self._read_before_us)
 
     def _register(self, names: list[str]) -> dict[str, EntryState]:
         if not names:
