@@ -85,6 +85,9 @@ class SourceWatch:
         #: the two polls), and its slots count from its commit that far back
         self._read_before_us: int | None = None
         self._polled_us: int | None = None
+        #: when the connection was last made again (the database's clock): a
+        #: definition a failover put back is in force from then at the latest
+        self._reconnected_us: int | None = None
         #: the names registered during the failover window (register_again)
         self.registered: Journal[str] = Journal(self.ctx.settings.failover_window.total_seconds())
 
@@ -156,6 +159,7 @@ class SourceWatch:
         self._cursors = [
             source.reconnected(cursor) for source, cursor in zip(self.sources, self._cursors)
         ]
+        self._reconnected_us = self.ctx.connected_store.clock.now_us()
 
     def poll(self, now_us: int) -> set[str]:
         """Apply what changed in every source since the last poll; the names
@@ -224,15 +228,21 @@ class SourceWatch:
             self._deferred.pop(name, None)
             agenda.remove(name)
         states = self._register([d.name for d in added + changed])
+        # a definition a failover put back: its slots count from when this
+        # replica reached the promoted database, not from the tick that reads
+        # it, which an outage right after may delay by seconds (the explorer's
+        # seed 695 dropped its slots within the missed-run grace so); never
+        # from before, when the old primary had the lost writes
+        back = now_us if self._reconnected_us is None else min(now_us, self._reconnected_us)
         for definition in added:
-            floor = now_us if definition.name in again else None
+            floor = back if definition.name in again else None
             agenda.track(definition, states[definition.name], now_us, floor)
         for definition in changed:
             if definition.name in again:
                 # put back by a failover: the definition it replaces was a
                 # lost one, whose due slot is not owed (reconnected)
                 self._deferred.pop(definition.name, None)
-                agenda.change(definition, states[definition.name], now_us, now_us)
+                agenda.change(definition, states[definition.name], now_us, back)
             elif self._due_before(definition, now_us):
                 # the old definition has a slot due now from before the
                 # change's commit: its own, to claim and send this tick under

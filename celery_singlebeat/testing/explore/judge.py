@@ -67,7 +67,11 @@ EFFECT_US = US
 
 
 class Window(Protocol):
-    """A database outage's slots (chaos.DbWindow): the missed-run policy's."""
+    """A database outage's slots (:class:`DbWindow`): the missed-run policy's."""
+
+    #: from just before the database went away, to when it was back
+    start_us: int
+    restored_us: int
 
     def contains(self, slot: tuple[str, int]) -> bool: ...
 
@@ -113,6 +117,10 @@ OUTAGE_BEFORE_US = US
 #: the edge of an outage's window (when exactly a replica planned what was
 #: missed) is known to within this
 OUTAGE_EDGE_US = US // 2
+#: an outage that begins this soon after another ended may find replicas not
+#: back yet (their backoff is up to 1.5 s, the others' share FALLBACK_DELAY_US
+#: later): the entries they had not planned wait for the end of the second
+OUTAGE_CHAIN_US = 3 * US
 #: a claim may win a slot this much before its instant (EARLY_TOLERANCE_US)
 EARLY_US = 250_000
 
@@ -133,9 +141,17 @@ class DbWindow:
     #: the slots due inside it
     slots: list[Slot] = field(default_factory=list)
     grace_us: int = GRACE_US
+    #: the next outage, when it began before every replica could be back
+    #: (OUTAGE_CHAIN_US after this one's end): an entry not claimed between
+    #: the two was planned again only after it
+    chained: DbWindow | None = None
 
     def recovery(self, entry: str) -> int | None:
-        return self.recovered.get(entry, self.recovered_us)
+        if entry in self.recovered:
+            return self.recovered[entry]
+        if self.chained is not None:
+            return self.chained.recovery(entry)
+        return self.recovered_us
 
     def contains(self, slot: Slot) -> bool:
         """Due after the outage began, and more than the grace before its
@@ -171,6 +187,10 @@ def db_windows(
         windows.append(
             DbWindow(name, start_us - OUTAGE_BEFORE_US, restored_us, first, recovered, [], grace_us)
         )
+    ordered_windows = sorted(windows, key=lambda w: w.start_us)
+    for window, after_it in zip(ordered_windows, ordered_windows[1:]):
+        if after_it.start_us + OUTAGE_BEFORE_US - window.restored_us < OUTAGE_CHAIN_US:
+            window.chained = after_it
     return windows
 
 
@@ -325,6 +345,9 @@ class EditsReport:
     #: missing slots whose worker died mid-run and whose run row a failover
     #: lost: allowed (no trace of the run is left to send it again by)
     untraced: int = 0
+    #: slots of a version a failover put back, due before the replicas could
+    #: read it again (the database away again after the cut): not owed
+    found_again_late: int = 0
     #: missing slots due less than a reconnect's hold before their version was
     #: replaced, whose claim a fault held back past the replacement
     dropped_with_version: int = 0
@@ -594,13 +617,26 @@ def judge(
     for name, segs in segments.items():
         if is_limited(name):
             continue
-        for seg in segs:
+        for index, seg in enumerate(segs):
             entry = seg.version.entry
             if entry is None:
                 continue
+            # A version a failover put back (the one before it lost): each
+            # replica follows it from the tick that reads it again after its
+            # reconnect (Change.found_again), never from further back. When
+            # the database was away again between the cut and that read, the
+            # slots before the entry's first run after the cut are not owed.
+            found_again_until = 0
+            if index > 0 and segs[index - 1].version.lost:
+                runs_after = [at for (e, at) in done if e == name and at > seg.start_us]
+                first = min(runs_after, default=seg.end_us)
+                if any(w.start_us <= first and w.restored_us >= seg.start_us for w in windows):
+                    found_again_until = first
             for at in instants(entry, seg.start_us + EFFECT_US, min(seg.end_us - 1, upto_us)):
                 if in_window((name, at)):
                     report.in_outage += 1
+                elif at < found_again_until:
+                    report.found_again_late += 1
                 else:
                     required.append((name, at))
     report.due = len(required)

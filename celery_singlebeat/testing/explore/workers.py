@@ -99,6 +99,8 @@ class Workers:
         #: every run that reached its end, as the chaos run's records
         self.records: list[dict[str, Any]] = []
         #: runs a worker died in: (slot, task id, when)
+        #: worker process (name#generation) -> when it died
+        self.deaths: dict[str, int] = {}
         #: (slot, task id, death, start of the run) of each death mid-run
         self.died_in: list[tuple[tuple[str, int], str, int, int]] = []
         self.repeats = 0
@@ -209,6 +211,7 @@ class Workers:
         if worker.generation != generation or worker.running is None:
             return
         message, _, _, started = worker.running
+        self.deaths[f"{worker.name}#{worker.generation}"] = self.world.now_us
         self.died_in.append(
             ((message.entry, message.slot_us), message.task_id, self.world.now_us, started)
         )
@@ -239,6 +242,7 @@ class Workers:
                 "token": lease.token,
                 "at": started / US,
                 "v": message.kwargs.get("v"),
+                "finished": self.world.now_us / US,
             }
         )
         key = (message.entry, message.slot_us)
