@@ -194,6 +194,7 @@ class _Run:
         self.outages: list[tuple[str, int, int]] = []
         #: outages in force now: a process started meanwhile cannot reach it
         self.db_down = 0
+        self.down_pending: list[tuple[str, int]] = []
         #: executions whose finish a failover lost with their worker
         self.run_again = 0
         self.failovers: list[tuple[int, int]] = []
@@ -272,12 +273,15 @@ class _Run:
         self.db_down += 1
 
         def up() -> None:
-            # back once no other outage holds it down (they may overlap)
+            # back once no other outage holds it down (they may overlap):
+            # each of them restored then
             self.db_down -= 1
+            self.down_pending.append((name, start))
             if not self.db_down:
                 for link in self.links():
                     link.available = True
-            self.outages.append((name, start, world.now_us))
+                self.outages += [(n, s, world.now_us) for n, s in self.down_pending]
+                self.down_pending.clear()
 
         self.infra.append((start, end))
         world.at(end, up)
@@ -424,6 +428,33 @@ class _Run:
                 done.setdefault(slot, []).append(rec["at"])
         required: set[tuple[str, int]] = set()
         optional: set[tuple[str, int]] = set()
+
+        def held(lo: int, hi: int) -> bool:
+            for start, end in self.infra:
+                if start <= hi and end + 10 * US >= lo:
+                    return True
+            if any(
+                START_US + f.at_us <= hi and START_US + f.at_us + int(LEASE_S * 3 * US) >= lo
+                for f in self.plan
+                if f.kind.startswith(("stop", "kill", "answer"))
+            ):
+                return True
+            # a worker that died mid-run holds its slot until the run's ttl, a
+            # lease's grace and a sweep have passed (the stalled run's re-send)
+            hold = int((TTL_S + 2 * LEASE_S) * US) + 2 * US
+            return any(when <= hi and when + hold >= lo for _, _, when, _ in self.workers.died_in)
+
+        claimed_at: dict[tuple[str, int], int] = {}
+        for at_us, entry_name, slot_us, _, _ in world.claims:
+            key = (entry_name, slot_us)
+            claimed_at[key] = min(claimed_at.get(key, at_us), at_us)
+
+        def unclaimed_at_pause(name: str, at: int, p0: int) -> bool:
+            """Due before a pause, held back by a fault, and not yet claimed
+            when the pause came: not sent ("from its commit on, no replica
+            sends a slot of the entry that was not already claimed")."""
+            return at < p0 and claimed_at.get((name, at), 2**62) > p0 and held(at - US, p0)
+
         for name, period in PROBES.items():
             entry = state.entries.get(name)
             if entry is None:
@@ -434,7 +465,10 @@ class _Run:
                 # a failover keeps the pauses here: the memory store's
                 # lose_writes rolls back slots, run rows and stored schedules,
                 # not the operators' controls (docs/testing.md says so)
-                paused = any(e == name and p0 - US <= at <= p1 + US for e, p0, p1 in self.pauses)
+                paused = any(
+                    e == name and (p0 - US <= at <= p1 + US or unclaimed_at_pause(name, at, p0))
+                    for e, p0, p1 in self.pauses
+                )
                 (optional if paused else required).add((name, at))
                 at += step
         for key, at in self.run_now:
@@ -486,21 +520,6 @@ class _Run:
                         f"claimed while paused: {claimed}@{slot_us} by {by} at {self.t(at)}"
                     )
         history = list(state.schedule_log)
-
-        def held(lo: int, hi: int) -> bool:
-            for start, end in self.infra:
-                if start <= hi and end + 10 * US >= lo:
-                    return True
-            if any(
-                START_US + f.at_us <= hi and START_US + f.at_us + int(LEASE_S * 3 * US) >= lo
-                for f in self.plan
-                if f.kind.startswith(("stop", "kill", "answer"))
-            ):
-                return True
-            # a worker that died mid-run holds its slot until the run's ttl, a
-            # lease's grace and a sweep have passed (the stalled run's re-send)
-            hold = int((TTL_S + 2 * LEASE_S) * US) + 2 * US
-            return any(when <= hi and when + hold >= lo for _, _, when, _ in self.workers.died_in)
 
         edits = judge(
             self.editor.attempts,

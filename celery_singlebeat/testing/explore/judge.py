@@ -180,7 +180,9 @@ def db_windows(
         first = after[0][0] if after else None
         recovered: dict[str, int] = {}
         for claimed_us, entry, fence in after:
-            if first is not None and claimed_us > first + OUTAGE_EDGE_US:
+            # each replica plans its share as it comes back (its backoff up to
+            # 1.5 s), the others' a fallback delay later
+            if first is not None and claimed_us > first + OUTAGE_CHAIN_US:
                 break
             if fence == 1:
                 recovered.setdefault(entry, claimed_us)
@@ -574,9 +576,13 @@ def judge(
                         f"no slot of its version: {name}@{at} ({t(at)}) under v{v}"
                     )
             elif at <= min(s.start_us for s in mine):
-                then = next((s for s in segments[name] if s.start_us < at <= s.end_us), None)
-                in_force = None if then is None else then.version.entry
-                if in_force is not None and at in instants(in_force, at - 1, at):
+                # the version in force at its instant, or one replaced less
+                # than a second before it (a claim may still go under it)
+                then = [s for s in segments[name] if s.start_us < at <= s.end_us + EFFECT_US]
+                if any(
+                    s.version.entry is not None and at in instants(s.version.entry, at - 1, at)
+                    for s in then
+                ):
                     # a slot of the version in force at its instant, claimed
                     # then and sent after a later edit (a publish retried, a
                     # takeover): out with the definition its sender had then,
