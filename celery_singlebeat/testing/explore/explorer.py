@@ -353,6 +353,8 @@ class _Run:
             self.ops.pause(entry, start + amount_us)
         except StoreUnavailable:
             return
+        # a pause of an entry paused already replaces it (one row per entry)
+        self.pauses = [(e, p0, min(p1, start) if e == entry else p1) for e, p0, p1 in self.pauses]
         self.pauses.append((entry, start, start + amount_us))
 
     def failover(self, lag_s: float) -> None:
