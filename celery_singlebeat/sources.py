@@ -206,8 +206,9 @@ class EntrySource(ABC):
         source's definitions are read, given its ``cursor`` (every write at or
         below it applied); None, this default, for a source of other entries.
 
-        The engine passes it to each takeover (:meth:`~celery_singlebeat.store.
-        slot_store.SlotStore.take_over`'s ``seen``): a stored entry's slot is
+        The engine passes it to each takeover
+        (:meth:`~celery_singlebeat.store.slot_store.SlotStore.take_over`'s
+        ``seen``): a stored entry's slot is
         not taken over by a replica that has not read a write made to the
         entry more than ``STALE_DEFINITION_US`` before the slot (it would send
         it under the definition that write replaced, however long it slept).

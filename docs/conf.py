@@ -55,12 +55,12 @@ _LIBRARIES = (
 # names are shown, but they are not part of the API these pages promise.
 _INTERNAL = (
     r"celery_singlebeat\.(timeline\.clock|observe\.telemetry|timeline\.slots|engine\.catalog"
-    r"|testing\.memory\.connection|redact)"
+    r"|testing\.memory\.connection|testing\.memory\.state|redact)"
 )
 nitpick_ignore_regex = [
     (r"py:.*", _LIBRARIES + r"\..*"),
     ("py:class", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|NamedTuple|Enum|ABC)"),
-    ("py:class", r"(datetime|timedelta|CollectorRegistry|URL|MissedPolicy)"),
+    ("py:class", r"(datetime|timedelta|CollectorRegistry|URL|MissedPolicy|MemoryState)"),
     (r"py:.*", _INTERNAL + r"(\..*)?"),
     ("py:class", r"celery_singlebeat\..*\._.*"),
 ]

@@ -92,7 +92,7 @@ class MemoryStore(MemoryConnection, Store):
 
     ``clock`` replaces the :class:`~celery_singlebeat.timeline.clock.DatabaseClock`
     the store keeps in sync; by default it follows ``now_us`` exactly.
-    ``state`` (another store's :attr:`state`) makes this store a second
+    ``state`` (another store's ``state``) makes this store a second
     connection to that store's "database": its own clock estimate,
     availability and breaks, the same rows (the explorer gives each replica
     one, as each replica has its own connection).
