@@ -141,27 +141,26 @@ from harness import (  # noqa: E402
 import celery_singlebeat  # noqa: E402
 from celery_singlebeat.store.base import EARLY_TOLERANCE_US  # noqa: E402
 from celery_singlebeat.store.sql.executor import RECONNECT_WINDOW_S  # noqa: E402
-from celery_singlebeat.testing.explore.judge import DbWindow, db_windows, judge_static  # noqa: E402
+from celery_singlebeat.testing.explore.judge import (  # noqa: E402
+    GRACE_US,
+    OUTAGE_EDGE_US,
+    DbWindow,
+    db_windows,
+    judge_static,
+)
 from celery_singlebeat.timeline.slots import slot_task_id  # noqa: E402
 
 US = 1_000_000
 TASK = "singletonapp.slot_probe"
 PROBES = 5
-#: the missed-run grace every replica runs with (SB_GRACE)
-GRACE_US = 5 * US
+# GRACE_US (the missed-run grace every replica runs with, SB_GRACE) and
+# OUTAGE_EDGE_US: the one judge's (testing/explore/judge.py)
 #: crontab entries of beatapp (SB_CRON=1): minute step and zone
 CRONS = {"cron-0": (1, "UTC"), "cron-1": (2, "UTC"), "cron-2": (7, "Asia/Kolkata")}
 ROLL = "roll-0"
 ROLL_PERIOD_US = {"1": 2 * US, "2": US}
 #: replicas whose clocks are wrong (libfaketime FAKETIME values), by index
 SKEWS = {3: "+90s", 4: "-90s"}
-#: a slot due this long before a database outage began may not have been
-#: claimed yet when it began (a tick's work, a replica busy or paused)
-OUTAGE_BEFORE_US = US
-#: the first claim after an outage plans with an estimate of the database's
-#: clock made a moment before it: a slot this close to the grace edge may go
-#: either way
-OUTAGE_EDGE_US = US // 2
 #: the Redis transport's visibility timeout in the workers (SB_VISIBILITY)
 VISIBILITY = 20.0
 #: what Celery logs when its consumer meets an error it does not handle. At a
