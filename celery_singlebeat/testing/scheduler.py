@@ -20,11 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import read_setting
+from ..engine import Environment
+from ..observe.telemetry import NOTHING, Telemetry
 from ..scheduler import SingleBeatScheduler
 from ..store.base import Store
 from .memory import MemoryStore
 
-__all__ = ["MemoryScheduler"]
+__all__ = ["FleetReplica", "MemoryScheduler"]
 
 
 class MemoryScheduler(SingleBeatScheduler):
@@ -53,3 +55,26 @@ class MemoryScheduler(SingleBeatScheduler):
 
     def _open_store(self) -> Store:
         return self.memory_store
+
+
+class FleetReplica(MemoryScheduler):
+    """One of several real schedulers in one process (the simulation's and
+    the explorer's fleets): its own store (or connection to a shared one),
+    broker connection, replica id and environment, and no telemetry."""
+
+    def __init__(
+        self, app: Any, *, store: MemoryStore, connection: Any, name: str, env: Environment
+    ) -> None:
+        self._fleet_connection = connection
+        # replica ids must differ between processes (docs/configuration.md); a
+        # fixed id in the app's settings would make every simulated replica one
+        super().__init__(app, store=store, env=env, replica_id=name)
+
+    @property
+    def connection(self) -> Any:
+        return self._fleet_connection
+
+    def _make_telemetry(self, lazy: bool) -> Telemetry:
+        # No HTTP listener, status file or metrics: N replicas of an app that
+        # sets singlebeat_http_port would each bind the port.
+        return NOTHING

@@ -42,12 +42,11 @@ from kombu.transport import memory, virtual
 
 from .. import signals
 from ..engine import Environment
-from ..observe.telemetry import NOTHING, Telemetry
 from ..timeline.clock import US, datetime_to_us, us_to_datetime
 from ..timeline.slots import SLOT_HEADER
 from .clock import DEFAULT_START, FakeClock
 from .memory import MemoryStore
-from .scheduler import MemoryScheduler
+from .scheduler import FleetReplica
 
 __all__ = [
     "DatabaseDown",
@@ -150,27 +149,6 @@ _open_guard = threading.Lock()
 # -- the replicas ------------------------------------------------------------------
 
 
-class _Replica(MemoryScheduler):
-    """The real scheduler on the fleet's store, broker connection and name."""
-
-    def __init__(
-        self, app: Any, *, store: MemoryStore, connection: Any, name: str, env: Environment
-    ) -> None:
-        self._fleet_connection = connection
-        # replica ids must differ between processes (docs/configuration.md); a
-        # fixed id in the app's settings would make every simulated replica one
-        super().__init__(app, store=store, env=env, replica_id=name)
-
-    @property
-    def connection(self) -> Any:
-        return self._fleet_connection
-
-    def _make_telemetry(self, lazy: bool) -> Telemetry:
-        # No HTTP listener, status file or metrics: N replicas of an app that
-        # sets singlebeat_http_port would each bind the port.
-        return NOTHING
-
-
 class Fleet:
     """``replicas`` beat replicas of ``app``, on a fake clock and a memory store.
 
@@ -211,7 +189,7 @@ class Fleet:
         self.skipped: list[Skipped] = []
         self._seed = seed
         self._order = random.Random(seed)
-        self._ticking: _Replica | None = None
+        self._ticking: FleetReplica | None = None
         self._closed = False
         with _open_guard:
             if _open_fleet:
@@ -234,7 +212,7 @@ class Fleet:
         self._queues: dict[str, SimpleQueue] = {}
         signals.slots_skipped.connect(self._on_skipped, weak=False)
         #: the replicas by number (1-based); None while killed
-        self.replicas: dict[int, _Replica | None] = {}
+        self.replicas: dict[int, FleetReplica | None] = {}
         self._restarts: Counter[int] = Counter()
         self._stopped: set[int] = set()
         self._wake: dict[int, int] = {}
@@ -247,19 +225,19 @@ class Fleet:
 
     # -- replicas ------------------------------------------------------------
 
-    def _spawn(self, number: int) -> _Replica:
+    def _spawn(self, number: int) -> FleetReplica:
         self._restarts[number] += 1
         name = f"replica-{number}"
         if self._restarts[number] > 1:
             name += f"#{self._restarts[number]}"
-        replica = _Replica(
+        replica = FleetReplica(
             self.app, store=self.store, connection=self._connection, name=name, env=self._env
         )
         self.replicas[number] = replica
         self._wake[number] = self.clock()
         return replica
 
-    def _replica(self, number: int) -> _Replica | None:
+    def _replica(self, number: int) -> FleetReplica | None:
         if number not in self.replicas:
             raise ValueError(f"replica {number}: this fleet has replicas 1 to {len(self.replicas)}")
         return self.replicas[number]
@@ -347,7 +325,7 @@ class Fleet:
 
     # -- the broker ----------------------------------------------------------
 
-    def _drain(self, replica: _Replica) -> None:
+    def _drain(self, replica: FleetReplica) -> None:
         sent_at = self.now()
         for name in list(self._channel_cls.queues):
             queue = self._queues.get(name)

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine import Environment
-from ...observe.telemetry import NOTHING, Telemetry
 from ...store.base import Claim, Written
 from ...timeline.clock import US
 from ..memory.state import MemoryState
-from ..scheduler import MemoryScheduler
+from ..scheduler import FleetReplica
 from .links import BROKER_ERROR, Link
 
 __all__ = ["Killed", "Node", "World"]
@@ -41,23 +40,6 @@ __all__ = ["Killed", "Node", "World"]
 
 class Killed(BaseException):
     """The replica's process was killed (SIGKILL): unwinds its thread."""
-
-
-class _Replica(MemoryScheduler):
-    """The real scheduler on its own link and broker connection."""
-
-    def __init__(
-        self, app: Any, *, link: Link, connection: Any, name: str, env: Environment
-    ) -> None:
-        self._world_connection = connection
-        super().__init__(app, store=link, env=env, replica_id=name)
-
-    @property
-    def connection(self) -> Any:
-        return self._world_connection
-
-    def _make_telemetry(self, lazy: bool) -> Telemetry:
-        return NOTHING
 
 
 @dataclass
@@ -131,8 +113,8 @@ class World:
     # -- replicas ------------------------------------------------------------------
 
     def spawn(self, node: Node, app: Any, connection: Any, env: Environment) -> None:
-        node.scheduler = _Replica(
-            app, link=node.link, connection=connection, name=node.name, env=env
+        node.scheduler = FleetReplica(
+            app, store=node.link, connection=connection, name=node.name, env=env
         )
         node.wake_us = self.now_us
         node.state = "idle"
