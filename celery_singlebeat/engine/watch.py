@@ -71,6 +71,9 @@ class SourceWatch:
         #: no second map of 100,000 names is kept
         self._by_label = by_label
         self._cursors: list[object] = [None] * len(self.sources)
+        #: per source, the cursor its applied definitions go with while some
+        #: of its changes are deferred (None: none are)
+        self._floors: list[object] = [None] * len(self.sources)
         #: the sources' entries as first loaded, until the agenda holds them
         #: (None: not loaded yet)
         self._loaded: list[EntryDefinition] | None = None
@@ -141,10 +144,15 @@ class SourceWatch:
         """The stored schedules' revision this replica's definitions are read
         up to (EntrySource.read_up_to; the lowest where several sources say),
         for the takeover's check; None when no source follows them."""
+        # a source whose changes wait for the tick's end (apply_deferred)
+        # reports the cursor before them: the replica still sends under the
+        # definitions they replace (the explorer's seed 100589 took a slot
+        # over and sent it under one replaced 5 s before)
+        cursors = [
+            cursor if floor is None else floor for cursor, floor in zip(self._cursors, self._floors)
+        ]
         seen = [
-            r
-            for r in (s.read_up_to(c) for s, c in zip(self.sources, self._cursors))
-            if r is not None
+            r for r in (s.read_up_to(c) for s, c in zip(self.sources, cursors)) if r is not None
         ]
         return min(seen) if seen else None
 
@@ -168,11 +176,16 @@ class SourceWatch:
         self._read_before_us, self._polled_us = self._polled_us, now_us
         with _collector_paused():
             for index, source in enumerate(self.sources):
-                changes, cursor = source.changes(self._cursors[index])
+                before = self._cursors[index]
+                changes, cursor = source.changes(before)
                 if changes:
                     names = self._apply(source, changes, now_us)
                     if source.catalogued:
                         touched |= names
+                    if self._deferred and self._floors[index] is None:
+                        # changes held back until the tick's end: until then
+                        # the definitions are those of the cursor before
+                        self._floors[index] = before
                 # only once applied: a change whose registration failed (the
                 # database lost meanwhile) is read again at the next poll, not
                 # taken as seen (after a reconnect, a row at or below the
@@ -288,6 +301,7 @@ class SourceWatch:
         due slots, once this tick has claimed and sent them (the messages
         take the definition the agenda holds when they are sent)."""
         deferred, self._deferred = self._deferred, {}
+        self._floors = [None] * len(self.sources)
         for definition, state, old in deferred.values():
             # not if a later change or a removal came meanwhile (a tick that
             # failed before its end polled again)
