@@ -742,6 +742,12 @@ def judge(
             unrun = [(name, at) for at in asked if (name, at) not in done and sent((name, at))]
             by_broker = len(broker_lost(unrun)) if unrun else 0
             line["lost_by_broker"] = by_broker
+            # and those whose worker died as a failover lost the run's row
+            # (the allowance "lost with its worker's run row")
+            line["untraced"] = sum(
+                1 for at in asked if (name, at) not in done and untraced((name, at))
+            )
+            by_broker += line["untraced"]
             if asked[-1] > upto_us:
                 line["verdict"] = "ran after the judged window: not judged"
                 wrong = False
