@@ -195,6 +195,8 @@ class _Run:
         #: outages in force now: a process started meanwhile cannot reach it
         self.db_down = 0
         self.down_pending: list[tuple[str, int]] = []
+        #: since when every replica is stopped or dead (None: one runs)
+        self.fleet_down_since: int | None = None
         #: executions whose finish a failover lost with their worker
         self.run_again = 0
         self.failovers: list[tuple[int, int]] = []
@@ -384,6 +386,7 @@ class _Run:
         while True:
             world.fire_due()
             self.workers.service()
+            self.watch_fleet()
             for node in world.nodes.values():
                 if node.state == "stopped" and node.until_us <= world.now_us:
                     if node.mid_tick:
@@ -414,6 +417,17 @@ class _Run:
             if upcoming is not None:
                 wakes.append(upcoming)
             world.now_us = max(world.now_us + 1, min(wakes))
+
+    def watch_fleet(self) -> None:
+        """Record the spans in which no replica runs (each stopped or dead):
+        for the missed-run policy, as an outage of the whole fleet is."""
+        now = self.world.now_us
+        down = all(n.state in ("stopped", "dead") for n in self.world.nodes.values())
+        if down and self.fleet_down_since is None:
+            self.fleet_down_since = now
+        elif not down and self.fleet_down_since is not None:
+            self.outages.append(("fleet stopped", self.fleet_down_since, now))
+            self.fleet_down_since = None
 
     # -- the verdict ----------------------------------------------------------------
 
