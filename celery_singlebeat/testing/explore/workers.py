@@ -250,13 +250,17 @@ class Workers:
         if entry is not None and entry[0].run == run:
             done = entry[0]._replace(outcome="success", finished_us=self.world.now_us)
             worker.journal[key] = (done, self.world.now_us)
-        self._end(worker.link, run, lease, 0)
+        self._end(worker.link, run, lease, 0, self.records[-1])
 
-    def _end(self, link: Link, run: Run, lease: Lease, tries: int) -> None:
+    def _end(self, link: Link, run: Run, lease: Lease, tries: int, rec: dict[str, Any]) -> None:
         try:
             link.end_slot(run, "success", lease)
         except (StoreUnavailable, ConnectionReplaced):
             if tries < 60:
                 self.world.at(
-                    self.world.now_us + US // 2, lambda: self._end(link, run, lease, tries + 1)
+                    self.world.now_us + US // 2,
+                    lambda: self._end(link, run, lease, tries + 1, rec),
                 )
+            return
+        # when the finish reached the database (a failover after it may lose it)
+        rec["finished"] = self.world.now_us / US
