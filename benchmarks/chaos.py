@@ -1854,6 +1854,12 @@ class Chaos:
         stop = log.find(f"SB-STOPPING {entry} {task_id}")
         retaken = False
         for line in log[stop:].splitlines()[1:]:
+            if " won " in line and " before the connection broke" in line:
+                # the recovery after a break won slots again by a claim (a new
+                # fence), among them one this replica released unsent
+                # (Hold.released_unsent); the line names the first only
+                retaken = True
+                continue
             if task_id not in line:
                 continue
             if " took back slot " in line or " took over slot " in line:
