@@ -455,7 +455,6 @@ def test_a_write_a_failover_lost_is_in_force_until_the_cut() -> None:
     assert len(verdict(good | {13: 1})) == 1
 
 
-
 def test_a_slot_held_by_a_fault_until_its_entry_was_deleted_is_dropped_with_it() -> None:
     """Seed 6 of issue 30: a replica paused right after claiming ed-0's slot
     at t0+5; the entry was deleted 30 s later, before any takeover, and a

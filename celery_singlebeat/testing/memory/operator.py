@@ -50,6 +50,7 @@ class MemoryOperator:
             slot_us = now
             while SlotKey(entry, slot_us) in self._state.slots:
                 slot_us += 1
+            self._state.slot_written(SlotKey(entry, slot_us), now)
             self._state.slots[SlotKey(entry, slot_us)] = MemorySlot(0, "", 0, 0, now)
             self._connection.controls_version = (self._connection.controls_version or 0) + 1
             return SlotKey(entry, slot_us)

@@ -81,9 +81,11 @@ class MemorySlots:
                     continue
                 row = self._state.slots.get(key)
                 if row is None:
+                    self._state.slot_written(key, now)
                     self._state.slots[key] = MemorySlot(0, owner, 1, now + lease_us, now)
                     won.append(Claim(key.entry, key.slot_us, 1))
                 elif row.state == 0 and (row.lease_until_us < now or row.owner == owner):
+                    self._state.slot_written(key, now)
                     row.owner, row.fence = owner, row.fence + 1
                     row.lease_until_us, row.claimed_us = now + lease_us, now
                     won.append(Claim(key.entry, key.slot_us, row.fence))
@@ -145,6 +147,7 @@ class MemorySlots:
                 if row is None or row.owner != owner or row.fence != claim.fence:
                     continue
                 if row.state == 0:
+                    self._state.slot_written(claim.key, now)
                     row.state, row.sent_us = 1, now
                 # already sent by this owner: a retried confirm, still ours
                 done.append(claim)
@@ -159,8 +162,10 @@ class MemorySlots:
             for claim in dict.fromkeys(sent):
                 row = self._state.slots.get(claim.key)
                 if row is None:
+                    self._state.slot_written(claim.key, now)
                     self._state.slots[claim.key] = MemorySlot(1, owner, claim.fence, 0, now, now)
                 elif row.state == 0 and row.owner == owner and row.fence == claim.fence:
+                    self._state.slot_written(claim.key, now)
                     row.state, row.sent_us = 1, row.sent_us if row.sent_us is not None else now
                 else:
                     continue
@@ -175,6 +180,7 @@ class MemorySlots:
             for claim in claims:
                 row = self._state.slots.get(claim.key)
                 if row and row.state == 0 and row.owner == owner and row.fence == claim.fence:
+                    self._state.slot_written(claim.key, now)
                     row.lease_until_us = now + retry_in_us if retry_in_us > 0 else 0
 
     def take_over(
@@ -207,6 +213,7 @@ class MemorySlots:
             taken: list[Claim] = []
             for key in chosen[: max(limit, 0)]:
                 row = self._state.slots[key]
+                self._state.slot_written(key, now)
                 row.state, row.owner, row.fence = 0, owner, row.fence + 1
                 row.lease_until_us, row.claimed_us = now + lease_us, now
                 taken.append(Claim(key.entry, key.slot_us, row.fence))
@@ -254,6 +261,7 @@ class MemorySlots:
                 ):
                     entry.last_slot_us = key.slot_us
             for key in old:
+                self._state.slot_written(key, now)
                 del self._state.slots[key]
             return len(old)
 
@@ -265,22 +273,34 @@ class MemorySlots:
             )
 
     def lose_writes(self, after_us: int) -> int:
-        """The slots' share of :meth:`.MemoryStore.lose_writes`: rows claimed or
-        taken over after ``after_us`` are gone, confirms made then are undone,
-        entries registered then are gone. Returns how many rows changed. The
-        caller holds the state's lock."""
-        changed = 0
+        """The slots' share of :meth:`.MemoryStore.lose_writes`: every slot row
+        as it was at ``after_us`` (from :attr:`.MemoryState.slot_undo`: a row
+        inserted since is gone, one updated since is back as it was), and
+        entries registered then are gone. Past the journal's reach, rows
+        claimed or taken over after ``after_us`` are gone and confirms made
+        then undone. Returns how many rows changed. The caller holds the
+        state's lock."""
+        changed: set[SlotKey] = set()
+        undo = self._state.slot_undo
+        while undo and undo[-1][0] > after_us:
+            _at, key, before = undo.pop()
+            if before is None:
+                self._state.slots.pop(key, None)
+            else:
+                self._state.slots[key] = before
+            changed.add(key)
         for key, row in list(self._state.slots.items()):
             if row.claimed_us > after_us:
                 del self._state.slots[key]
-                changed += 1
+                changed.add(key)
             elif row.state == 1 and row.sent_us is not None and row.sent_us > after_us:
                 row.state, row.sent_us = 0, None
-                changed += 1
+                changed.add(key)
+        count = len(changed)
         # entries registered since: their rows are gone too (the claim
         # refuses a slot of an entry with no row)
         for name, entry in list(self._state.entries.items()):
             if entry.anchor_us > after_us:
                 del self._state.entries[name]
-                changed += 1
-        return changed
+                count += 1
+        return count

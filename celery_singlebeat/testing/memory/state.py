@@ -13,7 +13,8 @@ The row classes are mutable so that a decision changes a row in place, as an
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ...store.base import CatalogEntry, Pause, ScheduleLogRow, ScheduleRow, SlotKey
@@ -40,6 +41,11 @@ class SlotRow(NamedTuple):
     lease_until_us: int
     claimed_us: int
     sent_us: int | None
+
+
+#: how far back :attr:`MemoryState.slot_undo` reaches (a standby that lagged
+#: longer loses the newer rows whole, as before the journal)
+SLOT_UNDO_US = 300 * 1_000_000
 
 
 @dataclass
@@ -104,6 +110,11 @@ class MemoryState:
         # the beat's slots (SlotStore)
         self.entries: dict[str, MemoryEntry] = {}
         self.slots: dict[SlotKey, MemorySlot] = {}
+        #: (when, key, the row before) of each slot row a write changed, the
+        #: last SLOT_UNDO_US of them: what a lagging standby still has, for
+        #: lose_writes (a row inserted before the cut and updated after it is
+        #: there as it was, not gone)
+        self.slot_undo: deque[tuple[int, SlotKey, MemorySlot | None]] = deque()
         #: the slot prune's next turn: replicas sharing the store take turns
         self.prune_next_us = 0
         # SingletonTask's leases and runs (SingletonStore)
@@ -129,6 +140,15 @@ class MemoryState:
         #: version (None: no schema yet): the database's, whichever connection asks
         self.controls_version: int | None = 0
         self.schema_version: int | None = None
+
+    def slot_written(self, key: SlotKey, now_us: int) -> None:
+        """Note the row at ``key`` as it is, before a write at ``now_us``
+        changes it (the caller holds :attr:`lock`)."""
+        undo = self.slot_undo
+        while undo and undo[0][0] < now_us - SLOT_UNDO_US:
+            undo.popleft()
+        row = self.slots.get(key)
+        undo.append((now_us, key, None if row is None else replace(row)))
 
     def top_revision(self) -> int:
         """The highest revision of the stored schedules; the floor too, as the
